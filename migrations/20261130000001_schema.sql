@@ -130,6 +130,7 @@ CREATE TABLE idempotency_keys (
     PRIMARY KEY (tenant_id, user_id, key),
     CONSTRAINT idempotency_keys_user_fk    FOREIGN KEY (tenant_id, user_id)    REFERENCES users (tenant_id, id),
     CONSTRAINT idempotency_keys_message_fk FOREIGN KEY (tenant_id, message_id) REFERENCES messages (tenant_id, id) ON DELETE CASCADE
+        DEFERRABLE INITIALLY DEFERRED
 );
 CREATE INDEX idempotency_keys_message_idx ON idempotency_keys (tenant_id, message_id);
 CREATE INDEX idempotency_keys_created_idx ON idempotency_keys (created_at);

@@ -1,4 +1,76 @@
 //! Breakwater's chat domain: tenants, inboxes, contacts, conversations, messages and jobs.
 //!
 //! Architecture invariant: this crate knows nothing of HTTP, Redis or admission control. Every
-//! query takes a [`TenantId`] and filters by it, so no caller can read across tenants.
+//! query that reads or writes tenant data takes a [`TenantId`] and filters by it, so no caller
+//! can read across tenants; an id of another tenant is indistinguishable from an unknown id.
+//!
+//! All SQL is static and checked at compile time by `sqlx::query!`/`query_as!` against the
+//! committed `.sqlx/` data: one query per filter shape, never one assembled from flags.
+
+pub mod contacts;
+pub mod conversations;
+pub mod cursor;
+mod error;
+mod ids;
+pub mod jobs;
+pub mod messages;
+pub mod tenants;
+
+pub use cursor::Cursor;
+pub use error::{DomainError, Result};
+pub use ids::{TenantId, UserId, new_id};
+
+/// The PostgreSQL pool every repository function runs on.
+pub type Pool = sqlx::PgPool;
+
+/// Applies the migrations embedded from the workspace's `migrations/` folder.
+///
+/// # Errors
+/// When the database is unreachable or a migration fails.
+pub async fn migrate(pool: &Pool) -> std::result::Result<(), sqlx::migrate::MigrateError> {
+    sqlx::migrate!("../../migrations").run(pool).await
+}
+
+/// The migrations, for tests that build a fresh database (`#[sqlx::test(migrator = ...)]`).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Page size bounds shared by every list.
+pub const DEFAULT_PAGE_SIZE: u32 = 25;
+/// The largest page a client may ask for.
+pub const MAX_PAGE_SIZE: u32 = 100;
+
+/// A page of a keyset-paginated list: `limit + 1` rows are read to know whether there is more.
+#[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Page<T> {
+    /// The rows of this page.
+    pub items: Vec<T>,
+    /// Pass as `cursor` to get the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// Builds a page from `limit + 1` rows: the extra row, if present, only says there is more.
+    pub(crate) fn from_rows(mut rows: Vec<T>, limit: u32, cursor_of: impl Fn(&T) -> Cursor) -> Self {
+        let limit = limit as usize;
+        let next_cursor = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|last| cursor_of(last).encode())
+        } else {
+            None
+        };
+        Self { items: rows, next_cursor }
+    }
+}
+
+/// Clamps a requested page size into `1..=MAX_PAGE_SIZE`.
+///
+/// # Errors
+/// [`DomainError::Invalid`] when the size is 0 or above [`MAX_PAGE_SIZE`].
+pub fn page_size(requested: Option<u32>) -> Result<u32> {
+    match requested {
+        None => Ok(DEFAULT_PAGE_SIZE),
+        Some(n @ 1..=MAX_PAGE_SIZE) => Ok(n),
+        Some(_) => Err(DomainError::Invalid(format!("limit must be between 1 and {MAX_PAGE_SIZE}"))),
+    }
+}

@@ -1,0 +1,182 @@
+//! Typed configuration, parsed once at start-up from environment variables (or flags).
+//!
+//! Every field has a safe default that works for a local run; every limit here is published on
+//! `/v1/ops/status`. `breakwater-api serve --help` lists them all with their variables.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret as _, SecretString};
+
+/// The secret used when `JWT_SECRET` is not set. The server refuses to start with it when
+/// `APP_ENV=production`.
+pub const DEV_JWT_SECRET: &str = "breakwater-dev-secret-change-me";
+
+/// Where the process runs; production refuses unsafe defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AppEnv {
+    /// A laptop or CI.
+    Development,
+    /// Anything real: the development JWT secret is refused.
+    Production,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Pretty,
+    /// One JSON object per line (for log pipelines).
+    Json,
+}
+
+/// Settings shared by every binary that talks to the database.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatabaseConfig {
+    /// PostgreSQL connection string.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/breakwater")]
+    pub database_url: String,
+    /// Connections in the pool: the database bulkhead's size.
+    #[arg(long, env = "DB_POOL_SIZE", default_value_t = 10)]
+    pub db_pool_size: u32,
+    /// How long a request may wait for a connection before it is refused with 503
+    /// `db_saturated`, in milliseconds.
+    #[arg(long, env = "DB_ACQUIRE_TIMEOUT_MS", default_value_t = 100)]
+    pub db_acquire_timeout_ms: u64,
+    /// PostgreSQL `statement_timeout` for every connection, in milliseconds.
+    #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
+    pub db_statement_timeout_ms: u64,
+}
+
+impl DatabaseConfig {
+    /// The pool acquire timeout.
+    #[must_use]
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.db_acquire_timeout_ms)
+    }
+
+    /// Builds the pool (lazily: start-up does not fail while PostgreSQL is down; readiness says).
+    ///
+    /// # Errors
+    /// When the URL does not parse.
+    pub fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        use sqlx::ConnectOptions as _;
+        let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
+        let options = options
+            .options([("statement_timeout", self.db_statement_timeout_ms.to_string())])
+            .application_name("breakwater")
+            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
+        Ok(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(self.db_pool_size)
+            .min_connections(0)
+            .acquire_timeout(self.acquire_timeout())
+            .idle_timeout(Some(Duration::from_secs(300)))
+            .connect_lazy_with(options))
+    }
+}
+
+/// Everything `breakwater-api serve` reads.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// `development` or `production`.
+    #[arg(long, env = "APP_ENV", value_enum, default_value = "development")]
+    pub app_env: AppEnv,
+    /// Address to listen on.
+    #[arg(long, env = "BIND_ADDR", default_value = "0.0.0.0:8080")]
+    pub bind_addr: SocketAddr,
+    /// Redis connection string (throttles; the API serves without it).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// HS256 secret for the agents' JWTs.
+    #[arg(long, env = "JWT_SECRET", default_value = DEV_JWT_SECRET, hide_env_values = true, hide_default_value = true)]
+    pub jwt_secret: SecretString,
+    /// The database.
+    #[command(flatten)]
+    pub db: DatabaseConfig,
+    /// Largest request body accepted, in bytes; larger ones get 413 before anything else runs.
+    #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
+    pub body_limit_bytes: usize,
+    /// Most open client connections; further connections wait in the listen backlog.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// How long an idle keep-alive connection is kept, in seconds. Must exceed the load
+    /// balancer's idle timeout (an ALB's is 60 s): a server that closes first causes resets.
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 75)]
+    pub keep_alive_timeout_secs: u64,
+    /// How long a client may take to send a request's headers, in seconds (slowloris guard).
+    #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10)]
+    pub header_read_timeout_secs: u64,
+    /// The longest a handler may run before the request is answered 503, in seconds.
+    #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub request_timeout_secs: u64,
+    /// On SIGTERM, how long in-flight requests get to finish, in seconds. Keep it below the
+    /// container's stop timeout.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 25)]
+    pub shutdown_grace_secs: u64,
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "pretty")]
+    pub log_format: LogFormat,
+}
+
+/// A configuration the server must not start with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The built-in secret is public: anyone could mint tokens.
+    #[error("JWT_SECRET must be set to a private value when APP_ENV=production")]
+    DevSecretInProduction,
+    /// An HS256 secret shorter than its hash is guessable.
+    #[error("JWT_SECRET must be at least 32 bytes when APP_ENV=production")]
+    ShortSecret,
+    /// The connection-level timeouts contradict each other.
+    #[error("{0}")]
+    Timeouts(&'static str),
+}
+
+impl Config {
+    /// Rejects configurations that are unsafe or self-contradictory.
+    ///
+    /// # Errors
+    /// See [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.app_env == AppEnv::Production {
+            if self.jwt_secret.expose_secret() == DEV_JWT_SECRET {
+                return Err(ConfigError::DevSecretInProduction);
+            }
+            if self.jwt_secret.expose_secret().len() < 32 {
+                return Err(ConfigError::ShortSecret);
+            }
+        }
+        if self.request_timeout_secs >= self.keep_alive_timeout_secs {
+            return Err(ConfigError::Timeouts("REQUEST_TIMEOUT_SECS must be below KEEP_ALIVE_TIMEOUT_SECS"));
+        }
+        if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 {
+            return Err(ConfigError::Timeouts("timeouts must be at least one second"));
+        }
+        Ok(())
+    }
+
+    /// Idle keep-alive timeout.
+    #[must_use]
+    pub fn keep_alive_timeout(&self) -> Duration {
+        Duration::from_secs(self.keep_alive_timeout_secs)
+    }
+
+    /// Header read timeout.
+    #[must_use]
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_read_timeout_secs)
+    }
+
+    /// Handler timeout.
+    #[must_use]
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// Shutdown grace period.
+    #[must_use]
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+}

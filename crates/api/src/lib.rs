@@ -1,0 +1,184 @@
+//! Breakwater's HTTP API.
+//!
+//! The request path, outermost first (see `docs/ARCHITECTURE.md`):
+//!
+//! ```text
+//! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
+//!   -> body cap (413)                                                             body_limit.rs
+//!   -> request id + trace span (named by the matched route)                       here
+//!   -> handler timeout                                                            here
+//!   -> auth (JWT) -> handler -> domain -> PostgreSQL                             auth.rs, routes/
+//! ```
+//!
+//! Architecture invariant: handlers hold no SQL; they parse, call `breakwater_domain`, and
+//! render. Every failure is an [`error::ApiError`] rendered as the typed envelope.
+
+pub mod auth;
+pub mod body_limit;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod openapi;
+pub mod redis;
+mod routes;
+pub mod server;
+pub mod state;
+pub mod telemetry;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderName, Response};
+use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::{Layer as _, ServiceExt as _};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+
+pub use config::Config;
+use error::ApiError;
+pub use state::AppState;
+
+/// The request id header: honoured when the client (or load balancer) sends one, generated
+/// otherwise, and echoed on the response.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The routes with their inner layers (request id, trace, timeout), state applied.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.body_limit_bytes;
+    routes::router()
+        .route("/openapi.json", axum::routing::get(openapi_json))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), request_timeout))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    // Named by the matched route, never the raw URI: no ids or personal data in spans.
+                    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str);
+                    let request_id = req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
+                    tracing::info_span!("request", method = %req.method(), route, request_id)
+                })
+                .on_request(())
+                .on_response(tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .with_state(state)
+}
+
+/// The whole app as served: the body cap outside the routes, so an oversized request is refused
+/// before anything else runs.
+pub fn app(
+    state: AppState,
+) -> impl tower::Service<Request, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
+{
+    let limit = state.config.body_limit_bytes;
+    body_limit::BodyLimitLayer(limit).layer(router(state).into_service::<Body>())
+}
+
+async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
+    match tokio::time::timeout(state.config.request_timeout(), next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn openapi_json() -> impl IntoResponse {
+    axum::Json(openapi::ApiDoc::openapi())
+}
+
+/// A running server (for tests and the binary).
+#[derive(Debug)]
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its state (pools, flags).
+    pub state: AppState,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Begins a graceful shutdown: readiness turns false at once; after `drain_delay` the
+    /// listener closes and in-flight requests finish; then the pools close.
+    ///
+    /// # Errors
+    /// When the server task failed.
+    pub async fn shutdown(self, drain_delay: Duration) -> anyhow::Result<()> {
+        self.state.shutting_down.store(true, Ordering::Relaxed);
+        tokio::time::sleep(drain_delay).await;
+        self.shutdown.cancel();
+        self.task.await??;
+        self.state.pool.close().await;
+        Ok(())
+    }
+}
+
+/// Binds `config.bind_addr` (or the given listener) and serves in the background.
+///
+/// # Errors
+/// When the configuration is refused or the pools cannot be built.
+pub async fn start(config: Config, listener: Option<TcpListener>) -> anyhow::Result<Running> {
+    config.validate()?;
+    let listener = match listener {
+        Some(l) => l,
+        None => TcpListener::bind(config.bind_addr).await?,
+    };
+    let addr = listener.local_addr()?;
+    let pool = config.db.pool()?;
+    let redis = redis::pool(&config.redis_url)?;
+    let state = AppState::new(config, pool, redis);
+    let options = server::ServeOptions {
+        keep_alive_timeout: state.config.keep_alive_timeout(),
+        header_read_timeout: state.config.header_read_timeout(),
+        shutdown_grace: state.config.shutdown_grace(),
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server::serve(
+        listener,
+        app(state.clone()).map_err(|e: Infallible| match e {}),
+        state.connections.clone(),
+        options,
+        shutdown.clone(),
+    ));
+    Ok(Running { addr, state, shutdown, task })
+}
+
+/// Serves until SIGTERM/SIGINT, then drains.
+///
+/// # Errors
+/// As [`start`].
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let running = start(config, None).await?;
+    tracing::info!(addr = %running.addr, "breakwater-api listening");
+    server::shutdown_signal().await;
+    tracing::info!("shutdown signal received: readiness off, draining");
+    // Give load balancers a moment to see readiness fail before the listener closes.
+    let drain_delay = if running.state.config.app_env == config::AppEnv::Production {
+        Duration::from_secs(5)
+    } else {
+        Duration::ZERO
+    };
+    running.shutdown(drain_delay).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Liveness and readiness. Both bypass admission control and throttles: a probe must report
+//! the truth however loaded the process is.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::state::AppState;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/health", get(health)).route("/ready", get(ready))
+}
+
+/// Liveness answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Health {
+    /// Always `ok`.
+    status: &'static str,
+}
+
+/// Liveness: the process is up and its runtime answers. Touches nothing else.
+#[utoipa::path(get, path = "/health", tag = "ops", responses((status = 200, body = Health)))]
+pub(crate) async fn health() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Readiness {
+    /// `ready` or `not_ready`.
+    status: &'static str,
+    /// `ok`, `unreachable`, or `shutting_down`.
+    database: &'static str,
+    /// `ok` or `unreachable`: reported, not required (throttles fall back to in-process).
+    redis: &'static str,
+}
+
+/// How long readiness waits for each dependency.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Readiness: PostgreSQL answers and the process is not shutting down. Redis is reported but
+/// not required: without it the throttles run in-process and the API still serves safely.
+#[utoipa::path(get, path = "/ready", tag = "ops",
+    responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
+pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let redis = if crate::redis::ping(&state.redis, PROBE_TIMEOUT).await { "ok" } else { "unreachable" };
+    let database = if state.is_shutting_down() {
+        "shutting_down"
+    } else {
+        let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool);
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(_)) => "ok",
+            _ => "unreachable",
+        }
+    };
+    let ok = database == "ok";
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(Readiness { status: if ok { "ready" } else { "not_ready" }, database, redis }))
+}

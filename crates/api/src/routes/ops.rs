@@ -1,0 +1,114 @@
+//! `/v1/ops/status`: every limit of every layer, in the order a request meets them, with its
+//! live value. Publishing these is what lets an operator (or a customer) see which layer is the
+//! bottleneck without guessing.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::state::AppState;
+
+pub(crate) fn router() -> Router<AppState> {
+    Router::new().route("/v1/ops/status", get(status))
+}
+
+/// The whole picture.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct OpsStatus {
+    /// `development` or `production`.
+    env: &'static str,
+    /// The build's version.
+    version: &'static str,
+    /// Seconds since the process started.
+    uptime_seconds: u64,
+    /// Whether shutdown has begun.
+    shutting_down: bool,
+    /// The limits, outermost first.
+    layers: Layers,
+}
+
+/// Each layer's limits, in the order a request meets them.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Layers {
+    /// Socket accept and connection timeouts.
+    connections: Connections,
+    /// The request body cap.
+    body: Body,
+    /// The database pool bulkhead.
+    pool: Pool,
+}
+
+/// Connection-level limits.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Connections {
+    /// Most open connections.
+    max: usize,
+    /// Connections open now.
+    open: usize,
+    /// Idle keep-alive timeout, seconds (longer than the load balancer's).
+    keep_alive_timeout_seconds: u64,
+    /// Header read timeout, seconds.
+    header_read_timeout_seconds: u64,
+    /// Handler timeout, seconds.
+    request_timeout_seconds: u64,
+}
+
+/// The body cap.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Body {
+    /// Largest accepted body, bytes.
+    limit_bytes: usize,
+}
+
+/// The PostgreSQL pool.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Pool {
+    /// Most connections.
+    max: u32,
+    /// Connections open now.
+    size: u32,
+    /// Of those, idle.
+    idle: usize,
+    /// Of those, in use.
+    in_use: usize,
+    /// How long a request waits for a connection before 503 `db_saturated`, ms.
+    acquire_timeout_ms: u64,
+    /// PostgreSQL `statement_timeout`, ms.
+    statement_timeout_ms: u64,
+}
+
+/// Every limit of every layer, with live values.
+#[utoipa::path(get, path = "/v1/ops/status", tag = "ops", responses((status = 200, body = OpsStatus)))]
+pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
+    let cfg = &state.config;
+    let size = state.pool.size();
+    let idle = state.pool.num_idle();
+    Json(OpsStatus {
+        env: match cfg.app_env {
+            crate::config::AppEnv::Development => "development",
+            crate::config::AppEnv::Production => "production",
+        },
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_seconds: state.started_at.elapsed().as_secs(),
+        shutting_down: state.is_shutting_down(),
+        layers: Layers {
+            connections: Connections {
+                max: cfg.max_connections,
+                open: state.connections.open(),
+                keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
+                header_read_timeout_seconds: cfg.header_read_timeout_secs,
+                request_timeout_seconds: cfg.request_timeout_secs,
+            },
+            body: Body { limit_bytes: cfg.body_limit_bytes },
+            pool: Pool {
+                max: cfg.db.db_pool_size,
+                size,
+                idle,
+                in_use: (size as usize).saturating_sub(idle),
+                acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
+                statement_timeout_ms: cfg.db.db_statement_timeout_ms,
+            },
+        },
+    })
+}

@@ -1,0 +1,51 @@
+//! The one cheaply cloneable state every handler receives.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::auth::JwtKeys;
+use crate::config::Config;
+use crate::redis::RedisPool;
+use crate::server::Connections;
+
+/// Pools, keys and configuration, shared by every request.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The PostgreSQL pool.
+    pub pool: sqlx::PgPool,
+    /// The Redis pool (throttles; optional at run time).
+    pub redis: RedisPool,
+    /// JWT keys derived from the secret.
+    pub jwt: Arc<JwtKeys>,
+    /// The configuration the process started with.
+    pub config: Arc<Config>,
+    /// Set when shutdown begins: readiness turns false so load balancers stop sending.
+    pub shutting_down: Arc<AtomicBool>,
+    /// Open client connections, counted by the server.
+    pub connections: Arc<Connections>,
+    /// When the process started.
+    pub started_at: Instant,
+}
+
+impl AppState {
+    /// Builds the state from a configuration and the pools.
+    #[must_use]
+    pub fn new(config: Config, pool: sqlx::PgPool, redis: RedisPool) -> Self {
+        Self {
+            pool,
+            redis,
+            connections: Arc::new(Connections::new(config.max_connections)),
+            started_at: Instant::now(),
+            jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
+            config: Arc::new(config),
+            shutting_down: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether shutdown has begun.
+    #[must_use]
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,304 @@
+//! Contacts: the list with activity, creation, and privacy erasure.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id, jobs};
+
+/// A contact with their conversation count and newest activity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Contact {
+    /// The contact's id.
+    pub id: Uuid,
+    /// Display name.
+    pub name: String,
+    /// Email address, if known.
+    pub email: Option<String>,
+    /// When the contact was created.
+    pub created_at: DateTime<Utc>,
+    /// How many conversations they have.
+    pub conversation_count: i64,
+    /// The newest activity over their conversations.
+    pub last_activity_at: Option<DateTime<Utc>>,
+    /// The list's sort key as PostgreSQL computes it (`lower(name)`, or `lower(email)` for an
+    /// email search), so a cursor resumes exactly where the database's order says.
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub sort_key: String,
+}
+
+/// How the contacts list is searched and sorted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ContactSearch {
+    /// All contacts, by name.
+    #[default]
+    All,
+    /// Contacts whose name starts with this (case-insensitive), by name.
+    NamePrefix(String),
+    /// Contacts whose email starts with this (case-insensitive), by email.
+    EmailPrefix(String),
+}
+
+/// A new contact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewContact {
+    /// Display name (1-200 characters).
+    pub name: String,
+    /// Email address.
+    pub email: Option<String>,
+}
+
+/// The answer to an erasure request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErasureAccepted {
+    /// The job that deletes the data.
+    pub job_id: Uuid,
+}
+
+/// Escapes `LIKE` metacharacters so a prefix matches literally, and lower-cases it.
+fn like_prefix(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 1);
+    for ch in prefix.to_lowercase().chars() {
+        if matches!(ch, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out.push('%');
+    out
+}
+
+/// A tenant's contacts, keyset-paginated by name (or by email for an email search), each with
+/// their conversation count and newest activity from a lateral join on the conversations'
+/// contact index.
+///
+/// # Errors
+/// [`DomainError::Invalid`] for a bad cursor or an over-long search.
+pub async fn list(
+    pool: &Pool,
+    tenant: TenantId,
+    search: &ContactSearch,
+    cursor: Option<&Cursor>,
+    limit: u32,
+) -> Result<Page<Contact>> {
+    let (key, id) = match cursor {
+        Some(c) => {
+            let (k, id) = c.text().map_err(|e| DomainError::Invalid(e.to_string()))?;
+            (k.to_owned(), id)
+        }
+        None => (String::new(), Uuid::nil()),
+    };
+    let n = i64::from(limit) + 1;
+    let t = tenant.0;
+    let rows = match search {
+        ContactSearch::All => {
+            sqlx::query_as!(
+                Contact,
+                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
+                          a.conversation_count AS "conversation_count!", a.last_activity_at,
+                          lower(ct.name) AS "sort_key!"
+                   FROM contacts ct
+                   CROSS JOIN LATERAL (
+                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
+                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
+                   ) a
+                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL
+                     AND (lower(ct.name) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
+                   ORDER BY lower(ct.name) COLLATE "C", ct.id
+                   LIMIT $4"#,
+                t,
+                key,
+                id,
+                n
+            )
+            .fetch_all(pool)
+            .await?
+        }
+        ContactSearch::NamePrefix(prefix) => {
+            sqlx::query_as!(
+                Contact,
+                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
+                          a.conversation_count AS "conversation_count!", a.last_activity_at,
+                          lower(ct.name) AS "sort_key!"
+                   FROM contacts ct
+                   CROSS JOIN LATERAL (
+                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
+                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
+                   ) a
+                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL
+                     AND lower(ct.name) COLLATE "C" LIKE $5
+                     AND (lower(ct.name) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
+                   ORDER BY lower(ct.name) COLLATE "C", ct.id
+                   LIMIT $4"#,
+                t,
+                key,
+                id,
+                n,
+                like_prefix(prefix)
+            )
+            .fetch_all(pool)
+            .await?
+        }
+        ContactSearch::EmailPrefix(prefix) => {
+            sqlx::query_as!(
+                Contact,
+                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
+                          a.conversation_count AS "conversation_count!", a.last_activity_at,
+                          lower(ct.email) AS "sort_key!"
+                   FROM contacts ct
+                   CROSS JOIN LATERAL (
+                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
+                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
+                   ) a
+                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL AND ct.email IS NOT NULL
+                     AND lower(ct.email) COLLATE "C" LIKE $5
+                     AND (lower(ct.email) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
+                   ORDER BY lower(ct.email) COLLATE "C", ct.id
+                   LIMIT $4"#,
+                t,
+                key,
+                id,
+                n,
+                like_prefix(prefix)
+            )
+            .fetch_all(pool)
+            .await?
+        }
+    };
+    Ok(Page::from_rows(rows, limit, |c: &Contact| Cursor::Text(c.sort_key.clone(), c.id)))
+}
+
+/// One contact of the tenant, with activity.
+///
+/// # Errors
+/// [`DomainError::NotFound`] when unknown, another tenant's, or erased.
+pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Contact> {
+    sqlx::query_as!(
+        Contact,
+        r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
+                  a.conversation_count AS "conversation_count!", a.last_activity_at,
+                  lower(ct.name) AS "sort_key!"
+           FROM contacts ct
+           CROSS JOIN LATERAL (
+               SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
+               FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
+           ) a
+           WHERE ct.tenant_id = $1 AND ct.id = $2 AND ct.erased_at IS NULL"#,
+        tenant.0,
+        id
+    )
+    .fetch_optional(pool)
+    .await?
+    .ok_or(DomainError::NotFound)
+}
+
+/// Creates a contact.
+///
+/// # Errors
+/// [`DomainError::Invalid`] for an empty or over-long name or email.
+pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Contact> {
+    let name = new.name.trim();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err(DomainError::Invalid("name must be 1 to 200 characters".into()));
+    }
+    if let Some(email) = &new.email {
+        if email.len() < 3 || email.len() > 320 || !email.contains('@') {
+            return Err(DomainError::Invalid("email must be an address of 3 to 320 characters".into()));
+        }
+    }
+    let id = new_id();
+    sqlx::query!(
+        "INSERT INTO contacts (tenant_id, id, name, email) VALUES ($1, $2, $3, $4)",
+        tenant.0,
+        id,
+        name,
+        new.email
+    )
+    .execute(pool)
+    .await?;
+    get(pool, tenant, id).await
+}
+
+/// Requests the privacy erasure (PDPA/GDPR) of a contact: in one transaction the contact is
+/// tombstoned (from then on it, and every conversation of theirs, answers 404) and an
+/// `erase_contact` job is enqueued to delete the rows. It touches one contact row and one job
+/// row, so it is fast however much history the contact has.
+///
+/// # Errors
+/// [`DomainError::NotFound`] when unknown, another tenant's, or already erased.
+pub async fn request_erasure(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<ErasureAccepted> {
+    let mut tx = pool.begin().await?;
+    let erased = sqlx::query_scalar!(
+        "UPDATE contacts SET erased_at = now()
+         WHERE tenant_id = $1 AND id = $2 AND erased_at IS NULL
+         RETURNING id",
+        tenant.0,
+        id
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if erased.is_none() {
+        return Err(DomainError::NotFound);
+    }
+    let job_id = jobs::enqueue(&mut tx, jobs::NewJob::erase_contact(tenant, id)).await?;
+    tx.commit().await?;
+    Ok(ErasureAccepted { job_id })
+}
+
+/// Deletes an erased contact's messages, conversations and the contact itself, in batches of
+/// `batch` rows so no statement holds many locks for long. Every statement reaches rows through
+/// the foreign-key indexes, never a scan. Safe to run twice, and to resume after a crash.
+///
+/// Returns how many messages and conversations were deleted.
+///
+/// # Errors
+/// A database error; the job is then retried and picks up where it stopped.
+pub async fn erase(pool: &Pool, tenant: TenantId, id: Uuid, batch: i64) -> Result<(u64, u64)> {
+    let mut messages = 0;
+    loop {
+        let deleted = sqlx::query!(
+            "DELETE FROM messages m
+             USING (SELECT m2.tenant_id, m2.id
+                    FROM conversations c
+                    JOIN messages m2 ON m2.tenant_id = c.tenant_id AND m2.conversation_id = c.id
+                    WHERE c.tenant_id = $1 AND c.contact_id = $2
+                    LIMIT $3) doomed
+             WHERE m.tenant_id = doomed.tenant_id AND m.id = doomed.id",
+            tenant.0,
+            id,
+            batch
+        )
+        .execute(pool)
+        .await?
+        .rows_affected();
+        messages += deleted;
+        if deleted == 0 {
+            break;
+        }
+    }
+    let mut conversations = 0;
+    loop {
+        let deleted = sqlx::query!(
+            "DELETE FROM conversations c
+             USING (SELECT id FROM conversations WHERE tenant_id = $1 AND contact_id = $2 LIMIT $3) doomed
+             WHERE c.tenant_id = $1 AND c.id = doomed.id",
+            tenant.0,
+            id,
+            batch
+        )
+        .execute(pool)
+        .await?
+        .rows_affected();
+        conversations += deleted;
+        if deleted == 0 {
+            break;
+        }
+    }
+    sqlx::query!("DELETE FROM contacts WHERE tenant_id = $1 AND id = $2 AND erased_at IS NOT NULL", tenant.0, id)
+        .execute(pool)
+        .await?;
+    Ok((messages, conversations))
+}

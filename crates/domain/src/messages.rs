@@ -1,0 +1,277 @@
+//! A conversation's messages, and appending one.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::cursor::start;
+use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, UserId, ids::new_id};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[sqlx(type_name = "message_sender", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum MessageSender {
+    /// The end customer.
+    Contact,
+    /// An agent of the tenant (`author_id` says which).
+    Agent,
+    /// The platform.
+    System,
+}
+
+/// One message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Message {
+    /// The message's id.
+    pub id: Uuid,
+    /// The conversation it belongs to.
+    pub conversation_id: Uuid,
+    /// Who wrote it.
+    pub sender: MessageSender,
+    /// The agent who wrote it, when `sender` is `agent`.
+    pub author_id: Option<Uuid>,
+    /// Its text.
+    pub body: String,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+}
+
+impl Message {
+    fn cursor(&self) -> Cursor {
+        Cursor::Time(self.created_at, self.id)
+    }
+}
+
+/// The order of a message list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Oldest first (reading a conversation from the start).
+    #[default]
+    Asc,
+    /// Newest first (opening a conversation at its end).
+    Desc,
+}
+
+/// The longest preview kept on the conversation.
+pub const PREVIEW_CHARS: usize = 140;
+/// The longest message body accepted.
+pub const MAX_BODY_CHARS: usize = 10_000;
+
+/// Whether the conversation is visible to the tenant (exists, is theirs, contact not erased).
+async fn visible(pool: &Pool, tenant: TenantId, conversation: Uuid) -> Result<()> {
+    let found = sqlx::query_scalar!(
+        r#"SELECT 1 AS "one!" FROM conversations c
+           JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
+           WHERE c.tenant_id = $1 AND c.id = $2 AND ct.erased_at IS NULL"#,
+        tenant.0,
+        conversation
+    )
+    .fetch_optional(pool)
+    .await?;
+    found.map(|_| ()).ok_or(DomainError::NotFound)
+}
+
+/// A conversation's messages, keyset-paginated in either order.
+///
+/// # Errors
+/// [`DomainError::NotFound`] when the conversation is not visible to the tenant;
+/// [`DomainError::Invalid`] for a bad cursor.
+pub async fn list(
+    pool: &Pool,
+    tenant: TenantId,
+    conversation: Uuid,
+    order: Order,
+    cursor: Option<&Cursor>,
+    limit: u32,
+) -> Result<Page<Message>> {
+    visible(pool, tenant, conversation).await?;
+    let n = i64::from(limit) + 1;
+    let boundary = cursor.map(|c| c.time().map_err(|e| DomainError::Invalid(e.to_string()))).transpose()?;
+    let rows = match order {
+        Order::Asc => {
+            let (at, id) = boundary.unwrap_or_else(start::oldest);
+            sqlx::query_as!(
+                Message,
+                r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
+                   FROM messages
+                   WHERE tenant_id = $1 AND conversation_id = $2 AND (created_at, id) > ($3, $4)
+                   ORDER BY created_at, id LIMIT $5"#,
+                tenant.0,
+                conversation,
+                at,
+                id,
+                n
+            )
+            .fetch_all(pool)
+            .await?
+        }
+        Order::Desc => {
+            let (at, id) = boundary.unwrap_or_else(start::newest);
+            sqlx::query_as!(
+                Message,
+                r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
+                   FROM messages
+                   WHERE tenant_id = $1 AND conversation_id = $2 AND (created_at, id) < ($3, $4)
+                   ORDER BY created_at DESC, id DESC LIMIT $5"#,
+                tenant.0,
+                conversation,
+                at,
+                id,
+                n
+            )
+            .fetch_all(pool)
+            .await?
+        }
+    };
+    Ok(Page::from_rows(rows, limit, Message::cursor))
+}
+
+/// What a successful append returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Posted {
+    /// The message (the first one, for a replayed idempotent request).
+    pub message: Message,
+    /// `true` when an `Idempotency-Key` matched an earlier request and nothing new was written.
+    pub replayed: bool,
+}
+
+/// Appends an agent's message to a conversation and, in the same transaction, bumps the
+/// conversation's activity, preview and count and enqueues its outbound delivery when the inbox
+/// has a webhook.
+///
+/// With an idempotency key, a retry of the same request returns the first message and writes
+/// nothing; the same key with a different body or conversation is a [`DomainError::Conflict`].
+///
+/// # Errors
+/// [`DomainError::NotFound`] when the conversation is not visible; [`DomainError::Invalid`] for
+/// an empty or oversized body; [`DomainError::UnknownPrincipal`] when the token's user does not
+/// exist in the tenant.
+pub async fn post(
+    pool: &Pool,
+    tenant: TenantId,
+    author: UserId,
+    conversation: Uuid,
+    body: &str,
+    idempotency_key: Option<&str>,
+) -> Result<Posted> {
+    let chars = body.chars().count();
+    if body.trim().is_empty() || chars > MAX_BODY_CHARS {
+        return Err(DomainError::Invalid(format!("body must be 1 to {MAX_BODY_CHARS} characters")));
+    }
+    let id = new_id();
+    let mut tx = pool.begin().await?;
+
+    if let Some(key) = idempotency_key {
+        let hash = request_hash(conversation, body);
+        // The key's row is inserted first: a concurrent retry with the same key blocks on it
+        // until this transaction ends, then sees it. The foreign key to the message is deferred.
+        let inserted = sqlx::query_scalar!(
+            r#"INSERT INTO idempotency_keys (tenant_id, user_id, key, request_hash, message_id)
+               VALUES ($1, $2, $3, $4, $5)
+               ON CONFLICT DO NOTHING
+               RETURNING 1 AS "one!""#,
+            tenant.0,
+            author.0,
+            key,
+            &hash[..],
+            id
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if inserted.is_none() {
+            let first = sqlx::query!(
+                "SELECT request_hash, message_id FROM idempotency_keys
+                 WHERE tenant_id = $1 AND user_id = $2 AND key = $3",
+                tenant.0,
+                author.0,
+                key
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            if first.request_hash != hash {
+                return Err(DomainError::Conflict("Idempotency-Key was already used for a different request".into()));
+            }
+            let message = get(pool, tenant, first.message_id).await?;
+            return Ok(Posted { message, replayed: true });
+        }
+    }
+
+    // Lock the conversation (serialises appends to it) and share-lock its contact (an erasure
+    // requested concurrently waits for us; one already committed hides the conversation).
+    let target = sqlx::query!(
+        r#"SELECT c.inbox_id, (i.webhook_url IS NOT NULL) AS "has_webhook!"
+           FROM conversations c
+           JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
+           JOIN inboxes i ON i.tenant_id = c.tenant_id AND i.id = c.inbox_id
+           WHERE c.tenant_id = $1 AND c.id = $2 AND ct.erased_at IS NULL
+           FOR NO KEY UPDATE OF c FOR SHARE OF ct"#,
+        tenant.0,
+        conversation
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(DomainError::NotFound)?;
+
+    let message = sqlx::query_as!(
+        Message,
+        r#"INSERT INTO messages (tenant_id, id, conversation_id, sender, author_id, body, created_at)
+           VALUES ($1, $2, $3, 'agent', $4, $5, clock_timestamp())
+           RETURNING id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at"#,
+        tenant.0,
+        id,
+        conversation,
+        author.0,
+        body
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+
+    let preview: String = body.chars().take(PREVIEW_CHARS).collect();
+    sqlx::query!(
+        "UPDATE conversations
+         SET last_activity_at = GREATEST(last_activity_at, $3),
+             last_message_preview = $4,
+             message_count = message_count + 1
+         WHERE tenant_id = $1 AND id = $2",
+        tenant.0,
+        conversation,
+        message.created_at,
+        preview
+    )
+    .execute(&mut *tx)
+    .await?;
+
+    if target.has_webhook {
+        crate::jobs::enqueue(&mut tx, crate::jobs::NewJob::deliver_message(tenant, target.inbox_id, conversation, id))
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(Posted { message, replayed: false })
+}
+
+async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Message> {
+    sqlx::query_as!(
+        Message,
+        r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
+           FROM messages WHERE tenant_id = $1 AND id = $2"#,
+        tenant.0,
+        id
+    )
+    .fetch_optional(pool)
+    .await?
+    .ok_or(DomainError::NotFound)
+}
+
+fn request_hash(conversation: Uuid, body: &str) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(conversation.as_bytes());
+    h.update(body.as_bytes());
+    h.finalize().into()
+}
