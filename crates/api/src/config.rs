@@ -119,6 +119,39 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// Parses a [`Config`] from the environment and arguments (the binary's `serve` flags).
+#[derive(Debug, clap::Parser)]
+pub struct ConfigParser {
+    /// The configuration.
+    #[command(flatten)]
+    pub config: Config,
+}
+
+impl Config {
+    /// The configuration from the environment alone, defaults for the rest.
+    ///
+    /// # Errors
+    /// When a variable does not parse.
+    pub fn from_env() -> Result<Self, clap::Error> {
+        use clap::Parser as _;
+        ConfigParser::try_parse_from(["breakwater-api"]).map(|p| p.config)
+    }
+
+    /// The configuration from explicit arguments (over the environment), for tests.
+    ///
+    /// # Errors
+    /// When an argument does not parse.
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser as _;
+        let args = std::iter::once(std::ffi::OsString::from("breakwater-api")).chain(args.into_iter().map(Into::into));
+        ConfigParser::try_parse_from(args).map(|p| p.config)
+    }
+}
+
 /// A configuration the server must not start with.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -178,5 +211,37 @@ impl Config {
     #[must_use]
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn production_refuses_the_development_secret() {
+        let cfg = Config::from_args(["--app-env", "production", "--jwt-secret", DEV_JWT_SECRET]).expect("parses");
+        assert_eq!(cfg.validate(), Err(ConfigError::DevSecretInProduction));
+        let cfg = Config::from_args(["--app-env", "production", "--jwt-secret", "short"]).expect("parses");
+        assert_eq!(cfg.validate(), Err(ConfigError::ShortSecret));
+        let cfg = Config::from_args(["--app-env", "production", "--jwt-secret", &"x".repeat(40)]).expect("parses");
+        assert_eq!(cfg.validate(), Ok(()));
+        let cfg = Config::from_args(["--app-env", "development", "--jwt-secret", DEV_JWT_SECRET]).expect("parses");
+        assert_eq!(cfg.validate(), Ok(()));
+    }
+
+    #[test]
+    fn keep_alive_outlives_the_load_balancer_and_handlers() {
+        let cfg = Config::from_args(["--keep-alive-timeout-secs", "75"]).expect("parses");
+        assert!(cfg.keep_alive_timeout() > Duration::from_secs(60), "an ALB idles out at 60 s");
+        let cfg =
+            Config::from_args(["--keep-alive-timeout-secs", "20", "--request-timeout-secs", "30"]).expect("parses");
+        assert!(matches!(cfg.validate(), Err(ConfigError::Timeouts(_))));
+    }
+
+    #[test]
+    fn the_secret_never_prints() {
+        let cfg = Config::from_args(["--jwt-secret", "super-secret-value"]).expect("parses");
+        assert!(!format!("{cfg:?}").contains("super-secret-value"));
     }
 }

@@ -150,6 +150,7 @@ impl From<DomainError> for ApiError {
     fn from(err: DomainError) -> Self {
         match err {
             DomainError::NotFound => Self::NotFound,
+            DomainError::BadQuery(msg) => Self::InvalidRequest(msg),
             DomainError::Invalid(msg) => Self::Unprocessable(msg),
             DomainError::Conflict(msg) => Self::Conflict(msg),
             DomainError::UnknownPrincipal => Self::Unauthorized("the token's user does not exist in its tenant"),

@@ -138,13 +138,25 @@ impl Running {
 /// # Errors
 /// When the configuration is refused or the pools cannot be built.
 pub async fn start(config: Config, listener: Option<TcpListener>) -> anyhow::Result<Running> {
+    let pool = config.db.pool()?;
+    start_with_pool(config, pool, listener).await
+}
+
+/// As [`start`], on a pool the caller built (tests use a fresh database per test).
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with_pool(
+    config: Config,
+    pool: sqlx::PgPool,
+    listener: Option<TcpListener>,
+) -> anyhow::Result<Running> {
     config.validate()?;
     let listener = match listener {
         Some(l) => l,
         None => TcpListener::bind(config.bind_addr).await?,
     };
     let addr = listener.local_addr()?;
-    let pool = config.db.pool()?;
     let redis = redis::pool(&config.redis_url)?;
     let state = AppState::new(config, pool, redis);
     let options = server::ServeOptions {

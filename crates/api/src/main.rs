@@ -56,7 +56,7 @@ async fn main() -> anyhow::Result<()> {
     let command = match cli.command {
         Some(c) => c,
         // No subcommand: serve with the environment's configuration.
-        None => Cli::parse_from(["breakwater-api", "serve"]).command.ok_or_else(|| anyhow::anyhow!("unreachable"))?,
+        None => Command::Serve(Box::new(Config::from_env()?)),
     };
     match command {
         Command::Serve(config) => {

@@ -76,7 +76,7 @@ fn like_prefix(prefix: &str) -> String {
 /// contact index.
 ///
 /// # Errors
-/// [`DomainError::Invalid`] for a bad cursor or an over-long search.
+/// [`DomainError::BadQuery`] for a bad cursor.
 pub async fn list(
     pool: &Pool,
     tenant: TenantId,
@@ -86,7 +86,7 @@ pub async fn list(
 ) -> Result<Page<Contact>> {
     let (key, id) = match cursor {
         Some(c) => {
-            let (k, id) = c.text().map_err(|e| DomainError::Invalid(e.to_string()))?;
+            let (k, id) = c.text().map_err(|e| DomainError::BadQuery(e.to_string()))?;
             (k.to_owned(), id)
         }
         None => (String::new(), Uuid::nil()),

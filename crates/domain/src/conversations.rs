@@ -124,7 +124,7 @@ macro_rules! inbox_query {
 /// The inbox: a tenant's conversations, newest activity first, keyset-paginated.
 ///
 /// # Errors
-/// [`DomainError::Invalid`] for a bad cursor or for `inbox_id` and an assignee filter together
+/// [`DomainError::BadQuery`] for a bad cursor or for `inbox_id` and an assignee filter together
 /// (no index serves that shape; filter by one of them).
 pub async fn list(
     pool: &Pool,
@@ -134,7 +134,7 @@ pub async fn list(
     limit: u32,
 ) -> Result<Page<Conversation>> {
     let (at, id) = match cursor {
-        Some(c) => c.time().map_err(|e| DomainError::Invalid(e.to_string()))?,
+        Some(c) => c.time().map_err(|e| DomainError::BadQuery(e.to_string()))?,
         None => start::newest(),
     };
     let t = tenant.0;
@@ -157,7 +157,7 @@ pub async fn list(
             inbox_query!(pool, "AND c.assignee_id IS NULL AND c.status = $5", t, at, id, n, s as ConversationStatus)
         }
         (_, Some(_), AssigneeFilter::User(_) | AssigneeFilter::Unassigned) => {
-            return Err(DomainError::Invalid("filter by inbox_id or by assignee_id, not both".into()));
+            return Err(DomainError::BadQuery("filter by inbox_id or by assignee_id, not both".into()));
         }
     };
     Ok(Page::from_rows(rows, limit, Conversation::cursor))

@@ -50,12 +50,15 @@ impl Cursor {
             let (micros, id) = rest.split_once(':').ok_or(BadCursor)?;
             let micros: i64 = micros.parse().map_err(|_| BadCursor)?;
             let at = DateTime::from_timestamp_micros(micros).ok_or(BadCursor)?;
+            if !(start::oldest().0..=start::newest().0).contains(&at) {
+                return Err(BadCursor);
+            }
             let id = Uuid::parse_str(id).map_err(|_| BadCursor)?;
             Ok(Self::Time(at, id))
         } else if let Some(rest) = raw.strip_prefix("s:") {
             // A UUID's hyphenated form is 36 bytes; the key follows it and may contain ':'.
             let (id, key) = rest.split_at_checked(36).ok_or(BadCursor)?;
-            let key = key.strip_prefix(':').ok_or(BadCursor)?;
+            let key = key.strip_prefix(':').filter(|k| !k.contains('\0')).ok_or(BadCursor)?;
             let id = Uuid::parse_str(id).map_err(|_| BadCursor)?;
             Ok(Self::Text(key.to_owned(), id))
         } else {
@@ -85,14 +88,15 @@ pub(crate) mod start {
     use chrono::{DateTime, Utc};
     use uuid::Uuid;
 
-    /// Later than any activity: the first page of a newest-first list.
+    /// Later than any activity (9999-12-31, inside PostgreSQL's range): the first page of a
+    /// newest-first list.
     pub(crate) fn newest() -> (DateTime<Utc>, Uuid) {
-        (DateTime::<Utc>::MAX_UTC, Uuid::max())
+        (DateTime::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC), Uuid::max())
     }
 
-    /// Earlier than any activity: the first page of an oldest-first list.
+    /// Earlier than any activity (0001-01-01): the first page of an oldest-first list.
     pub(crate) fn oldest() -> (DateTime<Utc>, Uuid) {
-        (DateTime::<Utc>::MIN_UTC, Uuid::nil())
+        (DateTime::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC), Uuid::nil())
     }
 }
 
@@ -103,14 +107,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn time_cursors_round_trip(micros in -10_000_000_000_000_000i64..10_000_000_000_000_000, id in any::<u128>()) {
+        fn time_cursors_round_trip(micros in -62_135_596_800_000_000i64..253_402_300_799_000_000, id in any::<u128>()) {
             let at = DateTime::from_timestamp_micros(micros).expect("in range");
             let cursor = Cursor::Time(at, Uuid::from_u128(id));
             prop_assert_eq!(Cursor::decode(&cursor.encode()), Ok(cursor));
         }
 
         #[test]
-        fn text_cursors_round_trip(key in ".{0,200}", id in any::<u128>()) {
+        fn text_cursors_round_trip(key in "[^\u{0}]{0,200}", id in any::<u128>()) {
             let cursor = Cursor::Text(key, Uuid::from_u128(id));
             prop_assert_eq!(Cursor::decode(&cursor.encode()), Ok(cursor));
         }
@@ -123,6 +127,15 @@ mod tests {
         #[test]
         fn arbitrary_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Cursor::decode(&URL_SAFE_NO_PAD.encode(bytes));
+        }
+    }
+
+    #[test]
+    fn rejects_times_outside_the_databases_range() {
+        for micros in [i64::MIN / 2, -62_135_596_800_000_001, 253_402_300_800_000_000] {
+            let at = DateTime::from_timestamp_micros(micros).expect("chrono range");
+            let raw = Cursor::Time(at, Uuid::nil()).encode();
+            assert_eq!(Cursor::decode(&raw), Err(BadCursor), "{at}");
         }
     }
 

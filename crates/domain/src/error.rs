@@ -6,6 +6,10 @@ pub enum DomainError {
     /// No such row in the caller's tenant (including: it exists, but in another tenant).
     #[error("not found")]
     NotFound,
+    /// The query itself is malformed: a cursor from another list, a filter combination no index
+    /// serves, a page size out of range.
+    #[error("{0}")]
+    BadQuery(String),
     /// The input is well-formed but not acceptable (a reference to an unknown row, a bad value).
     #[error("{0}")]
     Invalid(String),
@@ -56,6 +60,8 @@ impl From<sqlx::Error> for DomainError {
                     Self::Invalid("contact_id does not name a contact of this tenant".into())
                 }
                 (Some("23514" | "22001"), _) => Self::Invalid("a field is out of range".into()),
+                // Data exceptions: a NUL byte in text, a value out of a type's range.
+                (Some(code), _) if code.starts_with("22") => Self::Invalid("a value is not acceptable".into()),
                 // query_canceled (statement_timeout), admin shutdown, cannot connect now.
                 (Some("57014" | "57P01" | "57P02" | "57P03"), _) => Self::Unavailable(err),
                 _ => Self::Database(err),

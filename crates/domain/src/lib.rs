@@ -66,11 +66,11 @@ impl<T> Page<T> {
 /// Clamps a requested page size into `1..=MAX_PAGE_SIZE`.
 ///
 /// # Errors
-/// [`DomainError::Invalid`] when the size is 0 or above [`MAX_PAGE_SIZE`].
+/// [`DomainError::BadQuery`] when the size is 0 or above [`MAX_PAGE_SIZE`].
 pub fn page_size(requested: Option<u32>) -> Result<u32> {
     match requested {
         None => Ok(DEFAULT_PAGE_SIZE),
         Some(n @ 1..=MAX_PAGE_SIZE) => Ok(n),
-        Some(_) => Err(DomainError::Invalid(format!("limit must be between 1 and {MAX_PAGE_SIZE}"))),
+        Some(_) => Err(DomainError::BadQuery(format!("limit must be between 1 and {MAX_PAGE_SIZE}"))),
     }
 }

@@ -81,7 +81,7 @@ async fn visible(pool: &Pool, tenant: TenantId, conversation: Uuid) -> Result<()
 ///
 /// # Errors
 /// [`DomainError::NotFound`] when the conversation is not visible to the tenant;
-/// [`DomainError::Invalid`] for a bad cursor.
+/// [`DomainError::BadQuery`] for a bad cursor.
 pub async fn list(
     pool: &Pool,
     tenant: TenantId,
@@ -92,7 +92,7 @@ pub async fn list(
 ) -> Result<Page<Message>> {
     visible(pool, tenant, conversation).await?;
     let n = i64::from(limit) + 1;
-    let boundary = cursor.map(|c| c.time().map_err(|e| DomainError::Invalid(e.to_string()))).transpose()?;
+    let boundary = cursor.map(|c| c.time().map_err(|e| DomainError::BadQuery(e.to_string()))).transpose()?;
     let rows = match order {
         Order::Asc => {
             let (at, id) = boundary.unwrap_or_else(start::oldest);
