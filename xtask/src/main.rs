@@ -1,1 +1,53 @@
-fn main() {}
+//! `cargo xtask`: the project's chores, so the only tool a newcomer needs is cargo.
+//!
+//! - `cargo xtask dev`: a served, seeded stack on this machine (PostgreSQL found or started,
+//!   migrated, seeded small; API and worker running; a token and a curl line printed).
+//! - `cargo xtask test`: every test, against a real PostgreSQL and Redis.
+
+mod services;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "Breakwater's development chores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the API and the worker over a small seeded database, until Ctrl-C.
+    Dev(dev::DevArgs),
+    /// Run every test (`cargo test --workspace`) against real PostgreSQL and Redis.
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+mod dev;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    match cli.command {
+        Command::Dev(args) => runtime.block_on(dev::run(args)),
+        Command::Test { args } => runtime.block_on(test(args)),
+    }
+}
+
+async fn test(args: Vec<String>) -> anyhow::Result<()> {
+    let db = services::ensure_postgres(&services::database_url()).await?;
+    services::report_redis(&services::redis_url());
+    // Tests create a fresh database per test through the server's maintenance database.
+    let admin_url = services::with_database(&db, "postgres");
+    let status = std::process::Command::new(services::cargo())
+        .args(["test", "--workspace"])
+        .args(&args)
+        .env("DATABASE_URL", &admin_url)
+        .status()?;
+    anyhow::ensure!(status.success(), "tests failed");
+    Ok(())
+}

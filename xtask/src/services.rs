@@ -1,0 +1,187 @@
+//! Finding (or starting) PostgreSQL and Redis for local runs.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+/// The workspace root (xtask lives one level below it).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// The cargo that runs us.
+pub(crate) fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// `DATABASE_URL`, or the local default.
+pub(crate) fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/breakwater".into())
+}
+
+/// `REDIS_URL`, or the local default.
+pub(crate) fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The same server URL with another database name.
+pub(crate) fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let server = match base.rfind('/') {
+        Some(i) if base[..i].contains("//") && i > base.find("//").map_or(0, |j| j + 1) => &base[..i],
+        _ => base,
+    };
+    match query {
+        Some(q) => format!("{server}/{db}?{q}"),
+        None => format!("{server}/{db}"),
+    }
+}
+
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let after = url.split("//").nth(1)?;
+    let hostpart = after.split(['/', '?']).next()?;
+    let hostport = hostpart.rsplit('@').next()?;
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h.to_owned(), p.parse().ok()?),
+        None => (hostport.to_owned(), 5432),
+    };
+    Some((if host.is_empty() { "127.0.0.1".into() } else { host }, port))
+}
+
+fn answers(url: &str) -> bool {
+    let Some((host, port)) = host_port(url) else { return false };
+    let addr = format!("{host}:{port}");
+    std::net::ToSocketAddrs::to_socket_addrs(&addr)
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok())
+}
+
+/// Says whether Redis answers; the API serves without it (throttles fall back in-process).
+pub(crate) fn report_redis(url: &str) {
+    if !answers(url) {
+        eprintln!(
+            "note: no Redis at {url}: throttles will run in-process. Start one with \
+             `redis-server --daemonize yes` or `docker compose up -d redis`."
+        );
+    }
+}
+
+/// Returns a URL of a PostgreSQL that answers: the configured one, or a private throwaway
+/// cluster under `target/` when PostgreSQL's binaries are installed but nothing answers.
+pub(crate) async fn ensure_postgres(url: &str) -> anyhow::Result<String> {
+    if answers(url) {
+        return Ok(url.to_owned());
+    }
+    let Some(bin) = postgres_bin_dir() else {
+        bail!(
+            "no PostgreSQL answers at {url} and PostgreSQL is not installed.\n\
+             Install it (Debian/Ubuntu: `apt-get install postgresql`), or run \
+             `docker compose up -d postgres redis`, or set DATABASE_URL."
+        );
+    };
+    let port = 54329;
+    let private = format!("postgres://postgres@127.0.0.1:{port}/{}", database_name(url));
+    if answers(&private) {
+        return Ok(private);
+    }
+    let data = root().join("target").join("pgdata");
+    eprintln!("no PostgreSQL at {url}: starting a private cluster in target/pgdata on port {port}");
+    let as_postgres = is_root();
+    if !data.join("PG_VERSION").exists() {
+        std::fs::create_dir_all(&data)?;
+        if as_postgres {
+            run(Command::new("chown").arg("-R").arg("postgres").arg(&data))?;
+        }
+        run(pg_command(as_postgres, &bin.join("initdb"))
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-D"])
+            .arg(&data))
+        .context("initdb")?;
+    }
+    let log = data.join("server.log");
+    run(pg_command(as_postgres, &bin.join("pg_ctl"))
+        .arg("-D")
+        .arg(&data)
+        .arg("-l")
+        .arg(&log)
+        .arg("-o")
+        .arg(format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", data.display()))
+        .args(["-w", "start"]))
+    .context("pg_ctl start")?;
+    Ok(private)
+}
+
+fn database_name(url: &str) -> String {
+    url.split('?')
+        .next()
+        .and_then(|u| u.rsplit('/').next())
+        .filter(|d| !d.is_empty() && !d.contains('@'))
+        .unwrap_or("breakwater")
+        .to_owned()
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// PostgreSQL refuses to run as root: run its tools as the `postgres` user then.
+fn pg_command(as_postgres: bool, program: &Path) -> Command {
+    if as_postgres {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn postgres_bin_dir() -> Option<PathBuf> {
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Some(dir);
+        }
+    }
+    let mut versions: Vec<PathBuf> =
+        std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|e| e.path().join("bin")).collect();
+    versions.sort();
+    versions.into_iter().rev().find(|d| d.join("initdb").exists())
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    anyhow::ensure!(status.success(), "{cmd:?} failed with {status}");
+    Ok(())
+}
+
+/// Creates the URL's database when it does not exist.
+pub(crate) async fn create_database(url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let name = database_name(url);
+    let mut admin = sqlx::PgConnection::connect(&with_database(url, "postgres")).await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await?;
+    if !exists {
+        sqlx::query(&format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""))).execute(&mut admin).await?;
+        eprintln!("created database {name}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swaps_the_database_name() {
+        assert_eq!(with_database("postgres://u@h:5432/app", "postgres"), "postgres://u@h:5432/postgres");
+        assert_eq!(with_database("postgres://u@h/app?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+        assert_eq!(host_port("postgres://u:p@db.example:6000/app"), Some(("db.example".into(), 6000)));
+        assert_eq!(database_name("postgres://u@h:5432/app?x=1"), "app");
+    }
+}
