@@ -76,6 +76,75 @@ impl DatabaseConfig {
     }
 }
 
+/// On or off, for switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled (for experiments).
+    Off,
+}
+
+/// The throttles: the abuse ceiling, an order of magnitude above real usage. Rates are per
+/// second, bursts are requests at once.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ThrottleConfig {
+    /// `on` or `off`.
+    #[arg(long = "throttles", env = "THROTTLES", value_enum, default_value = "on")]
+    pub enabled: Switch,
+    /// Sustained requests per second per tenant (a tenant's plan may override it).
+    #[arg(long = "throttle-tenant-rate", env = "THROTTLE_TENANT_RATE", default_value_t = 500.0)]
+    pub tenant_rate: f64,
+    /// Burst per tenant.
+    #[arg(long = "throttle-tenant-burst", env = "THROTTLE_TENANT_BURST", default_value_t = 1000)]
+    pub tenant_burst: u32,
+    /// Sustained requests per second per user.
+    #[arg(long = "throttle-user-rate", env = "THROTTLE_USER_RATE", default_value_t = 100.0)]
+    pub user_rate: f64,
+    /// Burst per user.
+    #[arg(long = "throttle-user-burst", env = "THROTTLE_USER_BURST", default_value_t = 200)]
+    pub user_burst: u32,
+    /// Sustained requests per second per client IP.
+    #[arg(long = "throttle-ip-rate", env = "THROTTLE_IP_RATE", default_value_t = 200.0)]
+    pub ip_rate: f64,
+    /// Burst per client IP.
+    #[arg(long = "throttle-ip-burst", env = "THROTTLE_IP_BURST", default_value_t = 400)]
+    pub ip_burst: u32,
+    /// How many API tasks share the limits: while Redis is unavailable each task enforces its
+    /// share (the limits divided by this), so the fleet still holds the limit.
+    #[arg(long = "throttle-api-tasks", env = "THROTTLE_API_TASKS", default_value_t = 1)]
+    pub api_tasks: u32,
+    /// The per-call budget for Redis, in ms; slower calls count as failures.
+    #[arg(long = "throttle-redis-budget-ms", env = "THROTTLE_REDIS_BUDGET_MS", default_value_t = 10)]
+    pub redis_budget_ms: u64,
+    /// Prefix of the throttles' Redis keys: deployments sharing one Redis use different ones.
+    #[arg(long = "throttle-key-prefix", env = "THROTTLE_KEY_PREFIX", default_value = "bw")]
+    pub key_prefix: String,
+    /// Proxies in front of the API that append to `X-Forwarded-For` (an ALB is one). With 0
+    /// the header is ignored and the socket's peer is the client.
+    #[arg(long, env = "TRUSTED_PROXIES", default_value_t = 0)]
+    pub trusted_proxies: usize,
+}
+
+impl ThrottleConfig {
+    /// The throttles' settings.
+    #[must_use]
+    pub fn settings(&self) -> crate::throttle::ThrottleSettings {
+        use crate::throttle::{Limit, Limits, ThrottleSettings};
+        ThrottleSettings {
+            enabled: self.enabled == Switch::On,
+            limits: Limits {
+                tenant: Limit { rate_per_sec: self.tenant_rate, burst: self.tenant_burst },
+                user: Limit { rate_per_sec: self.user_rate, burst: self.user_burst },
+                ip: Limit { rate_per_sec: self.ip_rate, burst: self.ip_burst },
+            },
+            api_tasks: self.api_tasks.max(1),
+            redis_budget: Duration::from_millis(self.redis_budget_ms),
+            key_prefix: self.key_prefix.clone(),
+        }
+    }
+}
+
 /// Everything `breakwater-api serve` reads.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
@@ -94,6 +163,9 @@ pub struct Config {
     /// The database.
     #[command(flatten)]
     pub db: DatabaseConfig,
+    /// The throttles.
+    #[command(flatten)]
+    pub throttle: ThrottleConfig,
     /// Largest request body accepted, in bytes; larger ones get 413 before anything else runs.
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub body_limit_bytes: usize,
@@ -161,6 +233,9 @@ pub enum ConfigError {
     /// An HS256 secret shorter than its hash is guessable.
     #[error("JWT_SECRET must be at least 32 bytes when APP_ENV=production")]
     ShortSecret,
+    /// A throttle rate or burst is not positive.
+    #[error("throttle rates and bursts must be positive")]
+    Throttles,
     /// The connection-level timeouts contradict each other.
     #[error("{0}")]
     Timeouts(&'static str),
@@ -182,6 +257,12 @@ impl Config {
         }
         if self.request_timeout_secs >= self.keep_alive_timeout_secs {
             return Err(ConfigError::Timeouts("REQUEST_TIMEOUT_SECS must be below KEEP_ALIVE_TIMEOUT_SECS"));
+        }
+        let t = &self.throttle;
+        if [t.tenant_rate, t.user_rate, t.ip_rate].iter().any(|r| !r.is_finite() || *r <= 0.0)
+            || [t.tenant_burst, t.user_burst, t.ip_burst].contains(&0)
+        {
+            return Err(ConfigError::Throttles);
         }
         if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 {
             return Err(ConfigError::Timeouts("timeouts must be at least one second"));

@@ -72,6 +72,14 @@ pub enum ApiError {
         /// The cap, in bytes.
         limit: usize,
     },
+    /// A throttle bucket ran out.
+    #[error("rate limit exceeded for this {kind}")]
+    RateLimited {
+        /// Which bucket: `tenant`, `user` or `ip`.
+        kind: &'static str,
+        /// Seconds until a retry is admitted.
+        retry_after: u64,
+    },
     /// No database connection within the acquire timeout (the pool bulkhead).
     #[error("database busy: no connection within the acquire timeout")]
     DbSaturated,
@@ -98,6 +106,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "method_not_allowed"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict", "conflict"),
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request", "body_too_large"),
+            Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited", "rate_limited"),
             Self::DbSaturated => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_saturated"),
             Self::DbUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_unavailable"),
             Self::Timeout => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "request_timeout"),
@@ -107,6 +116,7 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
+            Self::RateLimited { retry_after, .. } => Some(*retry_after),
             Self::DbSaturated | Self::Timeout => Some(1),
             Self::DbUnavailable => Some(2),
             _ => None,

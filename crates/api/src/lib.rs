@@ -7,7 +7,9 @@
 //!   -> body cap (413)                                                             body_limit.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here
-//!   -> auth (JWT) -> handler -> domain -> PostgreSQL                             auth.rs, routes/
+//!   -> auth (JWT) -> throttles (tenant/user/IP, Redis GCRA) -> 429              throttle_layer.rs
+//!   -> database bulkhead (slot or 503 db_saturated)                              bulkhead.rs
+//!   -> handler -> domain -> PostgreSQL                                           routes/
 //! ```
 //!
 //! Architecture invariant: handlers hold no SQL; they parse, call `breakwater_domain`, and
@@ -15,6 +17,7 @@
 
 pub mod auth;
 pub mod body_limit;
+pub mod bulkhead;
 pub mod config;
 pub mod error;
 pub mod extract;
@@ -24,6 +27,8 @@ mod routes;
 pub mod server;
 pub mod state;
 pub mod telemetry;
+pub mod throttle;
+pub mod throttle_layer;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -54,7 +59,7 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The routes with their inner layers (request id, trace, timeout), state applied.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.body_limit_bytes;
-    routes::router()
+    routes::router(&state)
         .route("/openapi.json", axum::routing::get(openapi_json))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -159,6 +164,7 @@ pub async fn start_with_pool(
     let addr = listener.local_addr()?;
     let redis = redis::pool(&config.redis_url)?;
     let state = AppState::new(config, pool, redis);
+    throttle::spawn_override_refresh(state.throttles.clone(), state.pool.clone(), Duration::from_secs(30));
     let options = server::ServeOptions {
         keep_alive_timeout: state.config.keep_alive_timeout(),
         header_read_timeout: state.config.header_read_timeout(),

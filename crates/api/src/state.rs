@@ -5,9 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::auth::JwtKeys;
+use crate::bulkhead::Bulkhead;
 use crate::config::Config;
 use crate::redis::RedisPool;
 use crate::server::Connections;
+use crate::throttle::Throttles;
 
 /// Pools, keys and configuration, shared by every request.
 #[derive(Debug, Clone)]
@@ -22,6 +24,10 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Set when shutdown begins: readiness turns false so load balancers stop sending.
     pub shutting_down: Arc<AtomicBool>,
+    /// The database bulkhead.
+    pub bulkhead: Arc<Bulkhead>,
+    /// The tenant/user/IP throttles.
+    pub throttles: Arc<Throttles>,
     /// Open client connections, counted by the server.
     pub connections: Arc<Connections>,
     /// When the process started.
@@ -33,6 +39,8 @@ impl AppState {
     #[must_use]
     pub fn new(config: Config, pool: sqlx::PgPool, redis: RedisPool) -> Self {
         Self {
+            bulkhead: Arc::new(Bulkhead::new(config.db.db_pool_size as usize, config.db.acquire_timeout())),
+            throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
             redis,
             connections: Arc::new(Connections::new(config.max_connections)),

@@ -90,3 +90,56 @@ pub async fn any_user(pool: &Pool) -> Result<Option<(TenantId, UserId, Role)>> {
     .await?;
     Ok(row.map(|r| (TenantId(r.tenant_id), UserId(r.id), r.role)))
 }
+
+/// A tenant's throttle override (rate per second and burst), from its plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThrottleOverride {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Sustained requests per second.
+    pub rate_per_sec: f64,
+    /// Requests allowed at once.
+    pub burst: u32,
+}
+
+/// Every tenant whose plan overrides the default tenant throttle.
+///
+/// # Errors
+/// A database error.
+pub async fn throttle_overrides(pool: &Pool) -> Result<Vec<ThrottleOverride>> {
+    let rows = sqlx::query!(
+        r#"SELECT id, throttle_rate_per_sec AS "rate!", throttle_burst AS "burst!"
+           FROM tenants WHERE throttle_rate_per_sec IS NOT NULL AND throttle_burst IS NOT NULL"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| ThrottleOverride {
+            tenant: TenantId(r.id),
+            rate_per_sec: r.rate,
+            burst: u32::try_from(r.burst).unwrap_or(1),
+        })
+        .collect())
+}
+
+/// Sets (or, with `None`, clears) a tenant's throttle override.
+///
+/// # Errors
+/// A database error, or [`crate::DomainError::Invalid`] for a non-positive rate or burst.
+pub async fn set_throttle_override(pool: &Pool, tenant: TenantId, limit: Option<(f64, u32)>) -> Result<()> {
+    let (rate, burst) = match limit {
+        Some((r, b)) if r > 0.0 && b > 0 => (Some(r), Some(i32::try_from(b).unwrap_or(i32::MAX))),
+        Some(_) => return Err(crate::DomainError::Invalid("rate and burst must be positive".into())),
+        None => (None, None),
+    };
+    sqlx::query!(
+        "UPDATE tenants SET throttle_rate_per_sec = $2, throttle_burst = $3 WHERE id = $1",
+        tenant.0,
+        rate,
+        burst
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -10,14 +10,17 @@ pub(crate) mod health;
 pub(crate) mod messages;
 pub(crate) mod ops;
 
-/// Every route of the API.
-pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .merge(health::router())
-        .merge(ops::router())
+/// Every route of the API. The tenant routes run behind the throttles and the database
+/// bulkhead; health, readiness and ops never do.
+pub(crate) fn router(state: &AppState) -> Router<AppState> {
+    let tenant_routes = Router::new()
         .merge(conversations::router())
         .merge(messages::router())
         .merge(contacts::router())
+        // The last layer added runs first: throttles, then the bulkhead.
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::bulkhead::hold_slot))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::throttle_layer::throttle));
+    Router::new().merge(health::router()).merge(ops::router()).merge(tenant_routes)
 }
 
 /// Parses the `limit` query parameter into a page size.

@@ -35,8 +35,21 @@ pub(crate) struct Layers {
     connections: Connections,
     /// The request body cap.
     body: Body,
-    /// The database pool bulkhead.
+    /// Per-tenant, per-user and per-IP throttles.
+    throttles: crate::throttle::ThrottleStatus,
+    /// Slots for database work (a request without one in time gets 503 `db_saturated`).
+    bulkhead: crate::bulkhead::BulkheadStatus,
+    /// The database pool behind the bulkhead.
     pool: Pool,
+    /// PostgreSQL's own connection limit.
+    postgres: Postgres,
+}
+
+/// PostgreSQL's own limits.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Postgres {
+    /// `max_connections`, or null when the database did not answer in time.
+    max_connections: Option<i64>,
 }
 
 /// Connection-level limits.
@@ -82,6 +95,14 @@ pub(crate) struct Pool {
 #[utoipa::path(get, path = "/v1/ops/status", tag = "ops", responses((status = 200, body = OpsStatus)))]
 pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     let cfg = &state.config;
+    let max_connections = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        sqlx::query_scalar::<_, String>("SHOW max_connections").fetch_one(&state.pool),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .and_then(|v| v.parse().ok());
     let size = state.pool.size();
     let idle = state.pool.num_idle();
     Json(OpsStatus {
@@ -101,6 +122,8 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 request_timeout_seconds: cfg.request_timeout_secs,
             },
             body: Body { limit_bytes: cfg.body_limit_bytes },
+            throttles: state.throttles.status(),
+            bulkhead: state.bulkhead.status(),
             pool: Pool {
                 max: cfg.db.db_pool_size,
                 size,
@@ -109,6 +132,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
                 statement_timeout_ms: cfg.db.db_statement_timeout_ms,
             },
+            postgres: Postgres { max_connections },
         },
     })
 }

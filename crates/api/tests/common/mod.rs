@@ -24,7 +24,21 @@ pub struct TestApp {
 
 /// Starts the app on 127.0.0.1:0 with `extra` arguments over the defaults.
 pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> TestApp {
+    // Every test process shares 127.0.0.1's IP bucket in the shared Redis: keep it out of the way
+    // (the throttle tests set their own limits after these).
     let mut args = vec!["--bind-addr", "127.0.0.1:0", "--log-format", "pretty"];
+    // Slow CI machines: a generous Redis budget so the breaker does not open on scheduling noise.
+    if !extra.contains(&"--throttle-redis-budget-ms") {
+        args.extend(["--throttle-redis-budget-ms", "500"]);
+    }
+    // Each app gets its own Redis key space unless a test shares one on purpose.
+    let prefix = format!("test-{}", Uuid::now_v7());
+    if !extra.contains(&"--throttle-key-prefix") {
+        args.extend(["--throttle-key-prefix", prefix.as_str()]);
+    }
+    if !extra.contains(&"--throttle-ip-rate") {
+        args.extend(["--throttle-ip-rate", "100000", "--throttle-ip-burst", "100000"]);
+    }
     args.extend_from_slice(extra);
     let config = Config::from_args(args).expect("config parses");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -1,0 +1,453 @@
+//! Per-tenant, per-user and per-IP throttles: the abuse ceiling, shared by every API task
+//! through Redis.
+//!
+//! One Lua script (GCRA, on Redis's clock) checks the tenant and user buckets together in one
+//! round trip; their keys are hash-tagged with the tenant so they share a cluster slot. The
+//! per-IP bucket cannot share that slot, so it is a second call in the same pipeline. The
+//! script is loaded once and called with `EVALSHA` (reloaded on `NOSCRIPT`); limits travel as
+//! `ARGV`, never spliced into the script.
+//!
+//! When Redis is slow (past a per-call budget of a few ms) or down, a circuit breaker opens and
+//! the same GCRA runs in process with every limit divided by the number of API tasks, so the
+//! fleet as a whole still holds the limit. It is logged once, counted, shown as `degraded` on
+//! `/v1/ops/status`, and the breaker closes by itself when a probe to Redis succeeds. A Redis
+//! outage never becomes a 5xx or unbounded traffic. Readiness does not depend on Redis.
+//!
+//! Known approximation: when the IP bucket refuses but the tenant and user buckets admitted
+//! (two calls, two slots), those two buckets have been charged for a refused request.
+
+mod breaker;
+pub mod gcra;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use breakwater_domain::{TenantId, UserId};
+use deadpool_redis::redis;
+use serde::Serialize;
+
+use crate::redis::RedisPool;
+use breaker::Breaker;
+pub use gcra::Limit;
+
+const SCRIPT: &str = include_str!("gcra.lua");
+
+/// Which bucket a decision is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyKind {
+    /// All of a tenant's traffic.
+    Tenant,
+    /// One user's traffic.
+    User,
+    /// One client address's traffic.
+    Ip,
+}
+
+impl KeyKind {
+    /// The name used in headers and envelopes.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tenant => "tenant",
+            Self::User => "user",
+            Self::Ip => "ip",
+        }
+    }
+}
+
+/// The configured limits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Limits {
+    /// Per tenant (overridable per tenant by its plan).
+    pub tenant: Limit,
+    /// Per user.
+    pub user: Limit,
+    /// Per client IP.
+    pub ip: Limit,
+}
+
+/// What the throttles decided for a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    /// Admitted. `kind`'s bucket is the tightest; it has `remaining` requests left now and is
+    /// full again in `reset_us`.
+    Admitted {
+        /// The tightest bucket.
+        kind: KeyKind,
+        /// Its limit.
+        limit: Limit,
+        /// Requests it still admits at once.
+        remaining: u64,
+        /// Microseconds until it is full.
+        reset_us: i64,
+    },
+    /// Refused by `kind`'s bucket; retry after `retry_after_us`.
+    Refused {
+        /// The bucket that ran out.
+        kind: KeyKind,
+        /// Its limit.
+        limit: Limit,
+        /// Microseconds until a retry is admitted.
+        retry_after_us: i64,
+    },
+    /// Throttles are switched off.
+    Off,
+}
+
+/// Settings of the throttles.
+#[derive(Debug, Clone)]
+pub struct ThrottleSettings {
+    /// Whether throttles run at all.
+    pub enabled: bool,
+    /// The default limits.
+    pub limits: Limits,
+    /// How many API tasks share the limits (the fallback divides by it).
+    pub api_tasks: u32,
+    /// The per-call budget for Redis.
+    pub redis_budget: Duration,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
+}
+
+/// Live counters.
+#[derive(Debug, Default)]
+struct Counters {
+    checks: AtomicU64,
+    fallback_checks: AtomicU64,
+    redis_errors: AtomicU64,
+    refused_tenant: AtomicU64,
+    refused_user: AtomicU64,
+    refused_ip: AtomicU64,
+}
+
+/// The throttles of one API process.
+#[derive(Debug)]
+pub struct Throttles {
+    settings: ThrottleSettings,
+    redis: RedisPool,
+    script: redis::Script,
+    breaker: Breaker,
+    overrides: RwLock<HashMap<TenantId, Limit>>,
+    local: Mutex<LocalBuckets>,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct LocalBuckets {
+    tats: HashMap<String, i64>,
+    checks_since_prune: u32,
+}
+
+/// The published state of the throttles.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ThrottleStatus {
+    /// `ok` (Redis), `degraded` (in-process fallback) or `off`.
+    pub state: &'static str,
+    /// The configured limits.
+    pub limits: Limits,
+    /// How many tenants have a plan override.
+    pub tenant_overrides: usize,
+    /// API tasks sharing the limits (the fallback's divisor).
+    pub api_tasks: u32,
+    /// The per-call Redis budget, in ms.
+    pub redis_budget_ms: u64,
+    /// Requests checked.
+    pub checks: u64,
+    /// Of those, checked in process because Redis was unavailable.
+    pub fallback_checks: u64,
+    /// Redis calls that failed or ran past the budget.
+    pub redis_errors: u64,
+    /// How often the breaker opened.
+    pub breaker_opens: u64,
+    /// Refusals per bucket kind.
+    pub refused: RefusedTotals,
+}
+
+/// Refusals per bucket kind.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RefusedTotals {
+    /// By the tenant bucket.
+    pub tenant: u64,
+    /// By the user bucket.
+    pub user: u64,
+    /// By the IP bucket.
+    pub ip: u64,
+}
+
+fn now_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+impl Throttles {
+    /// Throttles over `redis` with `settings`.
+    #[must_use]
+    pub fn new(settings: ThrottleSettings, redis: RedisPool) -> Self {
+        Self {
+            settings,
+            redis,
+            script: redis::Script::new(SCRIPT),
+            breaker: Breaker::new(3, Duration::from_secs(1)),
+            overrides: RwLock::new(HashMap::new()),
+            local: Mutex::new(LocalBuckets::default()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Replaces the per-tenant overrides (loaded from the tenants' plans).
+    pub fn set_overrides(&self, overrides: impl IntoIterator<Item = (TenantId, Limit)>) {
+        let map: HashMap<_, _> = overrides.into_iter().collect();
+        if let Ok(mut guard) = self.overrides.write() {
+            *guard = map;
+        }
+    }
+
+    /// Reloads the overrides from the database.
+    ///
+    /// # Errors
+    /// A database error (the previous overrides stay in force).
+    pub async fn refresh_overrides(&self, pool: &breakwater_domain::Pool) -> breakwater_domain::Result<()> {
+        let rows = breakwater_domain::tenants::throttle_overrides(pool).await?;
+        self.set_overrides(
+            rows.into_iter().map(|o| (o.tenant, Limit { rate_per_sec: o.rate_per_sec, burst: o.burst })),
+        );
+        Ok(())
+    }
+
+    fn tenant_limit(&self, tenant: TenantId) -> Limit {
+        self.overrides.read().ok().and_then(|m| m.get(&tenant).copied()).unwrap_or(self.settings.limits.tenant)
+    }
+
+    /// Checks (and charges) the tenant, user and IP buckets of one request.
+    pub async fn check(&self, tenant: TenantId, user: UserId, ip: IpAddr) -> Decision {
+        if !self.settings.enabled {
+            return Decision::Off;
+        }
+        self.counters.checks.fetch_add(1, Ordering::Relaxed);
+        let limits = [(KeyKind::Tenant, self.tenant_limit(tenant)), (KeyKind::User, self.settings.limits.user)];
+        let ip_limit = (KeyKind::Ip, self.settings.limits.ip);
+        let p = &self.settings.key_prefix;
+        let keys = [format!("{p}:{{t:{tenant}}}:tenant"), format!("{p}:{{t:{tenant}}}:user:{user}")];
+        let ip_key = format!("{p}:{{ip:{ip}}}");
+
+        let decision = if self.breaker.allows_call() {
+            let call = self.check_redis(&keys, &limits, &ip_key, ip_limit);
+            match tokio::time::timeout(self.settings.redis_budget, call).await {
+                Ok(Ok(decision)) => {
+                    if self.breaker.on_success() {
+                        tracing::info!("Redis throttles recovered");
+                    }
+                    Some(decision)
+                }
+                Ok(Err(err)) => {
+                    self.on_redis_failure(&format!("{err}"));
+                    None
+                }
+                Err(_) => {
+                    self.on_redis_failure("over the per-call budget");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let decision = decision.unwrap_or_else(|| {
+            self.counters.fallback_checks.fetch_add(1, Ordering::Relaxed);
+            self.check_local(&keys, &limits, &ip_key, ip_limit)
+        });
+        if let Decision::Refused { kind, .. } = decision {
+            let counter = match kind {
+                KeyKind::Tenant => &self.counters.refused_tenant,
+                KeyKind::User => &self.counters.refused_user,
+                KeyKind::Ip => &self.counters.refused_ip,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        decision
+    }
+
+    fn on_redis_failure(&self, why: &str) {
+        self.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+        if self.breaker.on_failure() {
+            tracing::warn!(
+                reason = why,
+                api_tasks = self.settings.api_tasks,
+                "Redis throttles unavailable: falling back to in-process limits divided by the API task count"
+            );
+        }
+    }
+
+    async fn check_redis(
+        &self,
+        keys: &[String; 2],
+        limits: &[(KeyKind, Limit); 2],
+        ip_key: &str,
+        ip_limit: (KeyKind, Limit),
+    ) -> redis::RedisResult<Decision> {
+        let mut conn = self
+            .redis
+            .get()
+            .await
+            .map_err(|e| redis::RedisError::from((redis::ErrorKind::IoError, "pool", e.to_string())))?;
+        let mut pipe = redis::pipe();
+        let hash = self.script.get_hash();
+        pipe.cmd("EVALSHA").arg(hash).arg(2).arg(&keys[0]).arg(&keys[1]);
+        for (_, l) in limits {
+            pipe.arg(l.interval_us()).arg(l.tolerance_us());
+        }
+        pipe.cmd("EVALSHA").arg(hash).arg(1).arg(ip_key).arg(ip_limit.1.interval_us()).arg(ip_limit.1.tolerance_us());
+        let replies: Vec<Vec<i64>> = match pipe.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
+                // First call on this Redis (or after a restart/flush): load once, then retry.
+                redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            Err(err) => return Err(err),
+        };
+        let kinds = [limits[0], limits[1]];
+        let (first, second) = match replies.as_slice() {
+            [a, b] => (a, b),
+            _ => return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected script reply"))),
+        };
+        Ok(combine(reply(first, &kinds), reply(second, &[ip_limit])))
+    }
+
+    fn check_local(
+        &self,
+        keys: &[String; 2],
+        limits: &[(KeyKind, Limit); 2],
+        ip_key: &str,
+        ip_limit: (KeyKind, Limit),
+    ) -> Decision {
+        let tasks = self.settings.api_tasks;
+        let now = now_us();
+        let Ok(mut local) = self.local.lock() else { return Decision::Off };
+        local.checks_since_prune += 1;
+        if local.checks_since_prune > 10_000 {
+            local.tats.retain(|_, tat| *tat > now);
+            local.checks_since_prune = 0;
+        }
+        let group = |local: &mut LocalBuckets, entries: &[(&str, KeyKind, Limit)]| -> Decision {
+            let mut outcomes = Vec::with_capacity(entries.len());
+            for (key, kind, limit) in entries {
+                let limit = limit.divided(tasks);
+                match gcra::check(local.tats.get(*key).copied(), now, limit) {
+                    gcra::Outcome::Refused { retry_after_us } => {
+                        return Decision::Refused { kind: *kind, limit, retry_after_us };
+                    }
+                    gcra::Outcome::Admitted { tat, remaining, reset_us } => {
+                        outcomes.push((key, *kind, limit, tat, remaining, reset_us))
+                    }
+                }
+            }
+            let mut tightest: Option<Decision> = None;
+            for (key, kind, limit, tat, remaining, reset_us) in outcomes {
+                local.tats.insert((*key).to_owned(), tat);
+                let tighter = match tightest {
+                    Some(Decision::Admitted { remaining: r, .. }) => remaining < r,
+                    _ => true,
+                };
+                if tighter {
+                    tightest = Some(Decision::Admitted { kind, limit, remaining, reset_us });
+                }
+            }
+            tightest.unwrap_or(Decision::Off)
+        };
+        let first = group(&mut local, &[(&keys[0], limits[0].0, limits[0].1), (&keys[1], limits[1].0, limits[1].1)]);
+        let second = group(&mut local, &[(ip_key, ip_limit.0, ip_limit.1)]);
+        combine(first, second)
+    }
+
+    /// The published state.
+    #[must_use]
+    pub fn status(&self) -> ThrottleStatus {
+        let c = &self.counters;
+        ThrottleStatus {
+            state: if !self.settings.enabled {
+                "off"
+            } else if self.breaker.is_open() {
+                "degraded"
+            } else {
+                "ok"
+            },
+            limits: self.settings.limits,
+            tenant_overrides: self.overrides.read().map(|m| m.len()).unwrap_or(0),
+            api_tasks: self.settings.api_tasks,
+            redis_budget_ms: u64::try_from(self.settings.redis_budget.as_millis()).unwrap_or(u64::MAX),
+            checks: c.checks.load(Ordering::Relaxed),
+            fallback_checks: c.fallback_checks.load(Ordering::Relaxed),
+            redis_errors: c.redis_errors.load(Ordering::Relaxed),
+            breaker_opens: self.breaker.opens(),
+            refused: RefusedTotals {
+                tenant: c.refused_tenant.load(Ordering::Relaxed),
+                user: c.refused_user.load(Ordering::Relaxed),
+                ip: c.refused_ip.load(Ordering::Relaxed),
+            },
+        }
+    }
+
+    /// When the throttles last fell back, for tests: whether they are degraded now.
+    #[must_use]
+    pub fn is_degraded(&self) -> bool {
+        self.settings.enabled && self.breaker.is_open()
+    }
+}
+
+/// Reads one script reply: `{1, tightest, remaining, reset}` or `{0, refusing, retry_after, 0}`.
+fn reply(r: &[i64], kinds: &[(KeyKind, Limit)]) -> Decision {
+    let pick = |i: i64| kinds.get(usize::try_from(i - 1).unwrap_or(0)).copied().unwrap_or(kinds[0]);
+    match r {
+        [1, i, remaining, reset] => {
+            let (kind, limit) = pick(*i);
+            Decision::Admitted { kind, limit, remaining: u64::try_from(*remaining).unwrap_or(0), reset_us: *reset }
+        }
+        [0, i, retry, _] => {
+            let (kind, limit) = pick(*i);
+            Decision::Refused { kind, limit, retry_after_us: *retry }
+        }
+        _ => Decision::Off,
+    }
+}
+
+/// Combines two groups' decisions: any refusal wins (the longest wait); else the tightest.
+fn combine(a: Decision, b: Decision) -> Decision {
+    match (a, b) {
+        (Decision::Refused { retry_after_us: ra, .. }, Decision::Refused { retry_after_us: rb, .. }) => {
+            if ra >= rb {
+                a
+            } else {
+                b
+            }
+        }
+        (Decision::Refused { .. }, _) => a,
+        (_, Decision::Refused { .. }) => b,
+        (Decision::Admitted { remaining: ra, .. }, Decision::Admitted { remaining: rb, .. }) => {
+            if ra <= rb {
+                a
+            } else {
+                b
+            }
+        }
+        (Decision::Off, other) | (other, Decision::Off) => other,
+    }
+}
+
+/// Keeps the overrides fresh: reloads them every `every` until the process ends.
+pub fn spawn_override_refresh(throttles: std::sync::Arc<Throttles>, pool: breakwater_domain::Pool, every: Duration) {
+    tokio::spawn(async move {
+        let mut last_error: Option<Instant> = None;
+        loop {
+            if let Err(err) = throttles.refresh_overrides(&pool).await {
+                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!(error = %err, "could not load tenant throttle overrides; keeping the previous ones");
+                    last_error = Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}

@@ -1,0 +1,274 @@
+//! Throttles shared through Redis, their fallback, and the database bulkhead.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use breakwater_domain::tenants;
+use common::{spawn_with, tenant};
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::PgPool;
+
+/// The Load Lab report's arithmetic: a client with rate r and burst b hammering for t seconds is
+/// admitted exactly b + floor(r * t) times, here across two API processes sharing one Redis.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn two_processes_share_one_bucket_exactly(pool: PgPool) {
+    let prefix = format!("test-{}", uuid::Uuid::now_v7());
+    let args = ["--throttle-tenant-rate", "5", "--throttle-tenant-burst", "3", "--throttle-key-prefix", &prefix];
+    let a = spawn_with(pool.clone(), &args).await;
+    let b = spawn_with(pool.clone(), &args).await;
+    let t = tenant(&pool, "Hammer").await;
+
+    let started = Instant::now();
+    let duration = Duration::from_millis(2_000);
+    let (mut admitted, mut refused) = (0u64, 0u64);
+    let mut last_retry_after = None;
+    let mut i = 0u64;
+    while started.elapsed() < duration {
+        let app = if i % 2 == 0 { &a } else { &b };
+        i += 1;
+        let r = app.get("/v1/contacts?limit=1", &t.token).await;
+        match r.status {
+            StatusCode::OK => {
+                admitted += 1;
+                assert!(r.headers.contains_key("ratelimit-policy") && r.headers.contains_key("ratelimit"));
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                refused += 1;
+                assert_eq!(r.code(), "rate_limited");
+                assert_eq!(r.body["error"]["recovery"]["retryable"], true);
+                let retry: u64 = r.headers["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+                assert!(retry >= 1);
+                assert_eq!(r.body["error"]["recovery"]["retry_after_seconds"], retry);
+                assert!(r.headers["ratelimit"].to_str().expect("ascii").contains("\"tenant\";r=0"));
+                last_retry_after = Some(retry);
+            }
+            other => panic!("unexpected {other}: {}", r.text),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let expected = 3 + (5.0 * elapsed).floor() as u64;
+    assert!(refused > 0, "the hammer was never refused");
+    assert!(admitted.abs_diff(expected) <= 1, "admitted {admitted} in {elapsed:.2}s, expected {expected} (±1)");
+
+    // A retry after Retry-After seconds is admitted.
+    tokio::time::sleep(Duration::from_secs(last_retry_after.expect("refused at least once"))).await;
+    assert_eq!(a.get("/v1/contacts?limit=1", &t.token).await.status, StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
+    let app = spawn_with(pool.clone(), &[]).await;
+    let noisy = tenant(&pool, "Noisy").await;
+    let quiet = tenant(&pool, "Quiet").await;
+    // The noisy tenant's plan: 1 request per second, 2 at once.
+    tenants::set_throttle_override(&pool, noisy.id, Some((1.0, 2))).await.expect("override");
+    app.running.state.throttles.refresh_overrides(&pool).await.expect("refresh");
+
+    let statuses: Vec<StatusCode> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(app.get("/v1/contacts", &noisy.token).await.status);
+        }
+        v
+    };
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count(), 3, "{statuses:?}");
+    for _ in 0..5 {
+        assert_eq!(app.get("/v1/contacts", &quiet.token).await.status, StatusCode::OK);
+    }
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    assert_eq!(status.body["layers"]["throttles"]["refused"]["tenant"], 3);
+    assert_eq!(status.body["layers"]["throttles"]["tenant_overrides"], 1);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_forged_forwarded_for_does_not_choose_the_ip_bucket(pool: PgPool) {
+    let limits = ["--throttle-ip-rate", "0.5", "--throttle-ip-burst", "2"];
+    let app = spawn_with(pool.clone(), &limits).await;
+    let t = tenant(&pool, "Acme").await;
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let req = app
+            .http
+            .get(app.url("/v1/contacts"))
+            .bearer_auth(&t.token)
+            .header("x-forwarded-for", format!("203.0.113.{i}"));
+        statuses.push(app.send(req).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]
+    );
+
+    // Behind one trusted proxy, the address it saw is the bucket.
+    let mut args = limits.to_vec();
+    args.extend(["--trusted-proxies", "1"]);
+    let behind = spawn_with(pool.clone(), &args).await;
+    for i in 0..4 {
+        let req = behind
+            .http
+            .get(behind.url("/v1/contacts"))
+            .bearer_auth(&t.token)
+            .header("x-forwarded-for", format!("6.6.6.6, 198.51.100.{}", 10 + i));
+        assert_eq!(behind.send(req).await.status, StatusCode::OK);
+    }
+}
+
+/// A private Redis on its own port, so the test can stop and restart it.
+struct PrivateRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { port, child: Some(child) }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool) {
+    let mut redis = PrivateRedis::start(free_port());
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let app =
+        spawn_with(pool.clone(), &["--redis-url", &url, "--throttle-tenant-rate", "1000", "--throttle-api-tasks", "2"])
+            .await;
+    let t = tenant(&pool, "Acme").await;
+    let status = || async {
+        app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await.body["layers"]["throttles"].clone()
+    };
+
+    for _ in 0..5 {
+        assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
+    }
+    assert_eq!(status().await["state"], "ok");
+
+    redis.kill();
+    let started = Instant::now();
+    for _ in 0..30 {
+        let r = app.get("/v1/contacts", &t.token).await;
+        assert_eq!(r.status, StatusCode::OK, "Redis down must not fail requests: {}", r.text);
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "requests slowed down: {:?}", started.elapsed());
+    let s = status().await;
+    assert_eq!(s["state"], "degraded");
+    assert!(s["fallback_checks"].as_u64().expect("count") > 0);
+    assert_eq!(s["breaker_opens"], 1);
+    let r = app.call(reqwest::Method::GET, "/ready", None, None).await;
+    assert_eq!(
+        (r.status, r.body["redis"].as_str()),
+        (StatusCode::OK, Some("unreachable")),
+        "readiness does not need Redis"
+    );
+
+    let _redis = PrivateRedis::start(redis.port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
+        if status().await["state"] == "ok" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "throttles did not recover after Redis returned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn the_fallback_divides_the_limit_by_the_task_count(pool: PgPool) {
+    // No Redis at all: the in-process bucket holds burst 6 / 3 tasks = 2.
+    let app = spawn_with(
+        pool.clone(),
+        &[
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--throttle-tenant-rate",
+            "0.1",
+            "--throttle-tenant-burst",
+            "6",
+            "--throttle-api-tasks",
+            "3",
+        ],
+    )
+    .await;
+    let t = tenant(&pool, "Acme").await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(app.get("/v1/contacts", &t.token).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]
+    );
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
+    let app = spawn_with(pool.clone(), &["--db-pool-size", "2", "--db-acquire-timeout-ms", "100"]).await;
+    let t = tenant(&pool, "Acme").await;
+    let ann = t.contact(&app, "Ann", "ann@example.com").await;
+    let bob = t.contact(&app, "Bob", "bob@example.com").await;
+
+    // Two slow requests: each waits on a row lock, holding its slot and connection.
+    let mut blocker = pool.begin().await.expect("tx");
+    sqlx::query("SELECT 1 FROM contacts WHERE id = ANY($1) FOR UPDATE")
+        .bind(vec![ann, bob])
+        .execute(&mut *blocker)
+        .await
+        .expect("lock");
+    let slow: Vec<_> = [ann, bob]
+        .into_iter()
+        .map(|id| {
+            let req = app.http.delete(app.url(&format!("/v1/contacts/{id}"))).bearer_auth(&t.token);
+            tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let r = app.get("/v1/contacts", &t.token).await;
+    let took = started.elapsed();
+    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "db_saturated"), "{}", r.text);
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(took < Duration::from_millis(1000), "refusal took {took:?}");
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let bulkhead = &status.body["layers"]["bulkhead"];
+    assert_eq!((bulkhead["size"].as_u64(), bulkhead["in_use"].as_u64()), (Some(2), Some(2)), "{bulkhead}");
+    assert!(bulkhead["acquire_timeouts"].as_u64().expect("count") >= 1);
+    // Health and ops never wait for the database's slots.
+    assert_eq!(app.call(reqwest::Method::GET, "/health", None, None).await.status, StatusCode::OK);
+
+    blocker.rollback().await.expect("release");
+    for task in slow {
+        assert_eq!(task.await.expect("task").expect("response"), StatusCode::ACCEPTED);
+    }
+    assert_eq!(app.post("/v1/contacts", &t.token, json!({"name": "after"})).await.status, StatusCode::CREATED);
+}
