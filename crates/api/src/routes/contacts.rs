@@ -51,10 +51,10 @@ pub(crate) async fn list(
         (None, Some(p)) => ContactSearch::EmailPrefix(p),
         (Some(_), Some(_)) => return Err(ApiError::InvalidRequest("search by name or by email, not both".into())),
     };
-    if let ContactSearch::NamePrefix(p) | ContactSearch::EmailPrefix(p) = &search {
-        if p.chars().count() > MAX_PREFIX_CHARS {
-            return Err(ApiError::InvalidRequest(format!("a search prefix is at most {MAX_PREFIX_CHARS} characters")));
-        }
+    if let ContactSearch::NamePrefix(p) | ContactSearch::EmailPrefix(p) = &search
+        && p.chars().count() > MAX_PREFIX_CHARS
+    {
+        return Err(ApiError::InvalidRequest(format!("a search prefix is at most {MAX_PREFIX_CHARS} characters")));
     }
     let limit = super::page_size(params.limit)?;
     let cursor = super::cursor(params.cursor.as_deref())?;

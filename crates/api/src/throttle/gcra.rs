@@ -21,9 +21,10 @@ pub struct Limit {
 impl Limit {
     /// The emission interval `T`, in microseconds (at least 1).
     #[must_use]
+    #[allow(clippy::cast_possible_truncation)] // clamped into i64's range first
     pub fn interval_us(&self) -> i64 {
-        let t = (1e6 / self.rate_per_sec.max(1e-6)).round();
-        if t >= 9.0e15 { 9_000_000_000_000_000 } else { (t as i64).max(1) }
+        let t = (1e6 / self.rate_per_sec.max(1e-6)).round().clamp(1.0, 9.0e15);
+        t as i64
     }
 
     /// The tolerance `tau = T * (burst - 1)`, in microseconds.
@@ -41,8 +42,9 @@ impl Limit {
 
     /// The window of the IETF `RateLimit-Policy` header: seconds to refill a whole burst.
     #[must_use]
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // clamped positive and finite first
     pub fn window_secs(&self) -> u64 {
-        (f64::from(self.burst) / self.rate_per_sec.max(1e-6)).ceil().max(1.0) as u64
+        (f64::from(self.burst) / self.rate_per_sec.max(1e-6)).ceil().clamp(1.0, 9.0e15) as u64
     }
 }
 

@@ -309,9 +309,8 @@ impl Throttles {
             Err(err) => return Err(err),
         };
         let kinds = [limits[0], limits[1]];
-        let (first, second) = match replies.as_slice() {
-            [a, b] => (a, b),
-            _ => return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected script reply"))),
+        let [first, second] = replies.as_slice() else {
+            return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected script reply")));
         };
         Ok(combine(reply(first, &kinds), reply(second, &[ip_limit])))
     }
@@ -340,7 +339,7 @@ impl Throttles {
                         return Decision::Refused { kind: *kind, limit, retry_after_us };
                     }
                     gcra::Outcome::Admitted { tat, remaining, reset_us } => {
-                        outcomes.push((key, *kind, limit, tat, remaining, reset_us))
+                        outcomes.push((key, *kind, limit, tat, remaining, reset_us));
                     }
                 }
             }
@@ -441,11 +440,11 @@ pub fn spawn_override_refresh(throttles: std::sync::Arc<Throttles>, pool: breakw
     tokio::spawn(async move {
         let mut last_error: Option<Instant> = None;
         loop {
-            if let Err(err) = throttles.refresh_overrides(&pool).await {
-                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    tracing::warn!(error = %err, "could not load tenant throttle overrides; keeping the previous ones");
-                    last_error = Some(Instant::now());
-                }
+            if let Err(err) = throttles.refresh_overrides(&pool).await
+                && last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
+            {
+                tracing::warn!(error = %err, "could not load tenant throttle overrides; keeping the previous ones");
+                last_error = Some(Instant::now());
             }
             tokio::time::sleep(every).await;
         }
