@@ -21,6 +21,7 @@ pub mod bulkhead;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod metrics;
 pub mod openapi;
 pub mod redis;
 mod routes;
@@ -61,10 +62,12 @@ pub fn router(state: AppState) -> Router {
     let body_limit = state.config.body_limit_bytes;
     routes::router(&state)
         .route("/openapi.json", axum::routing::get(openapi_json))
+        .route("/metrics", axum::routing::get(metrics::scrape))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), request_timeout))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.metrics.clone(), metrics::record))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request| {

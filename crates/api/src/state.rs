@@ -28,6 +28,8 @@ pub struct AppState {
     pub bulkhead: Arc<Bulkhead>,
     /// The tenant/user/IP throttles.
     pub throttles: Arc<Throttles>,
+    /// Prometheus metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Open client connections, counted by the server.
     pub connections: Arc<Connections>,
     /// When the process started.
@@ -44,6 +46,7 @@ impl AppState {
             pool,
             redis,
             connections: Arc::new(Connections::new(config.max_connections)),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
             started_at: Instant::now(),
             jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
             config: Arc::new(config),

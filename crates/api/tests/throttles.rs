@@ -81,6 +81,19 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
     let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
     assert_eq!(status.body["layers"]["throttles"]["refused"]["tenant"], 3);
     assert_eq!(status.body["layers"]["throttles"]["tenant_overrides"], 1);
+
+    // The same figures on /metrics; a deliberate 429 counts as refused, not as an error.
+    let metrics = app.send(app.http.get(app.url("/metrics"))).await.text;
+    for line in [
+        r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="refused"} 3"#,
+        r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="ok"} 7"#,
+        r#"breakwater_throttle_refused{kind="tenant"} 3"#,
+        "breakwater_bulkhead_slots 10",
+        "breakwater_throttle_degraded 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
+    }
+    assert!(!metrics.contains(r#"outcome="error""#), "{metrics}");
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
