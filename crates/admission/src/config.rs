@@ -108,7 +108,7 @@ pub struct ClassConfig {
     /// The adaptive limit never goes above this. Default 1000.
     pub max_limit: usize,
     /// Waiters beyond the limit. Small on purpose: a queue only absorbs bursts; a full queue is an
-    /// immediate `load_shed`. Default 16.
+    /// immediate `load_shed`. Default 32: room for one waiter each from a few dozen tenants.
     pub queue_capacity: usize,
     /// Longest a request may wait in the queue before `queue_timeout`. Default 100 ms, half the
     /// target, so a wait plus a normal service time still meets it.
@@ -135,7 +135,7 @@ impl Default for ClassConfig {
             initial_limit: 10,
             min_limit: 2,
             max_limit: 1000,
-            queue_capacity: 16,
+            queue_capacity: 32,
             max_queue_wait: Duration::from_millis(100),
         }
     }

@@ -86,7 +86,7 @@ impl Controller {
 
     /// Shortest window worth deciding on: long enough for in-flight work to turn over.
     pub(crate) fn window_floor(&self) -> f64 {
-        self.baseline().map_or(0.0, |b| 3.0 * b)
+        self.baseline().map_or(0.0, |b| 2.0 * b)
     }
 
     pub(crate) fn on_sample(&mut self, rtt: f64, probe: bool, limited: bool) {
@@ -189,22 +189,42 @@ pub(crate) struct Gradient {
     probing: bool,
     probe_next: bool,
     just_probed: bool,
+    /// The last probe was flat: the limit is at or below the knee, growing is safe.
+    below_knee: bool,
+    /// Latency jumped and no probe has said why yet.
+    suspect: bool,
+    /// Startup found the initial limit above the knee and is halving down to it.
+    descending: bool,
+    settling: bool,
+    /// Mean latency and limit of the last window before a startup halving.
+    descent_ref: (f64, f64),
+    doublings: u32,
+    growth_streak: u32,
     windows_since_probe: u32,
     probe_sum: f64,
     probe_n: u32,
     mean_before_probe: f64,
+    /// The window before the probe had about the same latency as the one before it.
+    steady_before_probe: bool,
+    /// Mean latency of the last window that was not a probe.
+    last_mean: f64,
 }
 
 impl Gradient {
-    const HEADROOM: f64 = 1.1;
-    const PROBE_FACTOR: f64 = 0.8;
+    const HEADROOM: f64 = 1.03;
+    const PROBE_FACTOR: f64 = 0.9;
     const PROBE_EVERY: u32 = 6;
     const PROBE_MIN_SAMPLES: u32 = 8;
-    /// `q` at or below this means no queue inside the service.
-    const NO_QUEUE: f64 = 1.05;
+    /// `q` at or below this means no queue inside the service. Growth also needs the last
+    /// probe to have been flat, so noise in `q` alone never grows the limit.
+    const NO_QUEUE: f64 = 1.02;
     /// Startup doubling stops once `q` passes this.
     const STARTUP_EXIT: f64 = 1.25;
-    const GROWTH: f64 = 1.1;
+    /// Growth per window while there is no queue: x1.05 for three windows in a row, then x1.10,
+    /// x1.15... up to x1.5, so a knee that moved far up (a slower dependency, more CPUs) is
+    /// reached in a few windows, while a few noisy windows cannot jump far past a nearby knee.
+    const GROWTH_STEP: f64 = 0.05;
+    const GROWTH_MAX: f64 = 1.5;
 
     fn new(initial: f64, bounds: Bounds, target: f64, smoothing: f64) -> Self {
         Self {
@@ -217,10 +237,19 @@ impl Gradient {
             probing: false,
             probe_next: false,
             just_probed: false,
+            below_knee: false,
+            suspect: false,
+            descending: false,
+            settling: false,
+            descent_ref: (0.0, 0.0),
+            doublings: 0,
+            growth_streak: 0,
             windows_since_probe: 0,
             probe_sum: 0.0,
             probe_n: 0,
             mean_before_probe: 0.0,
+            steady_before_probe: false,
+            last_mean: 0.0,
         }
     }
 
@@ -246,12 +275,16 @@ impl Gradient {
             return;
         }
         let after_probe = std::mem::take(&mut self.just_probed);
-        let above_knee = self.finish_probe();
+        let last_mean = std::mem::replace(&mut self.last_mean, w.mean);
+        if let Some(v) = self.finish_probe() {
+            self.below_knee = v.flat;
+            self.suspect = false;
+        }
         let base = match self.base {
             None => w.mean,
             // A window mean below the baseline means the service got faster (or noise): follow
             // halfway, or all the way during startup where the baseline is a running minimum.
-            Some(b) if w.mean < b && self.startup => w.mean,
+            Some(b) if w.mean < b && self.startup && !self.descending => w.mean,
             Some(b) if w.mean < b && !after_probe => b + 0.5 * (w.mean - b),
             Some(b) => b,
         };
@@ -262,71 +295,129 @@ impl Gradient {
         let knee = Self::HEADROOM * w.in_flight / q;
         let throughput = w.in_flight / w.mean;
         let before = self.limit;
+        let may_probe = self.windows_since_probe >= 2;
 
         if self.startup {
-            if q > Self::STARTUP_EXIT {
-                self.startup = false;
-                self.limit = knee;
-                self.probe_next = true;
+            if std::mem::take(&mut self.settling) {
+                // The first window after halving still completes work admitted before it.
+            } else if self.descending {
+                let (ref_mean, ref_limit) = self.descent_ref;
+                if w.mean / ref_mean < 1.25 * (self.limit / ref_limit) {
+                    // Latency fell in proportion to the limit: still above the knee. Halve again.
+                    self.descent_ref = (w.mean, self.limit);
+                    self.base = Some(w.mean);
+                    self.limit *= 0.5;
+                    self.settling = true;
+                } else {
+                    // Latency stopped following the limit down: this window ran at or below
+                    // the knee, so its latency is the no-load latency.
+                    self.base = Some(w.mean);
+                    self.startup = false;
+                    self.below_knee = true;
+                    self.probe_next = true;
+                }
+            } else if q > Self::STARTUP_EXIT {
+                if q > 1.6 && self.doublings == 1 && self.limit >= 4.0 * self.bounds.min {
+                    // The first doubling nearly doubled latency: the initial limit was already
+                    // above the knee, so the baseline measured at it is too high. Halve until
+                    // latency stops halving with the limit.
+                    self.descending = true;
+                    self.settling = true;
+                    self.descent_ref = (w.mean, self.limit);
+                    self.limit *= 0.25;
+                } else {
+                    self.startup = false;
+                    self.limit = knee;
+                    self.probe_next = true;
+                }
             } else if w.limited {
                 self.limit *= 2.0;
+                self.doublings += 1;
             }
-        } else if above_knee {
-            self.limit *= Self::PROBE_FACTOR;
-            self.probe_next = true;
         } else if after_probe {
             // This window's completions were admitted under the probe's lower limit: they tell
             // about the baseline (done above), not about where the limit should be.
-        } else if q <= Self::NO_QUEUE {
-            if w.limited {
-                self.limit *= Self::GROWTH;
-            }
+        } else if q <= Self::NO_QUEUE && w.limited && self.below_knee {
+            self.growth_streak += 1;
+            let steps = f64::from(self.growth_streak.saturating_sub(2).max(1));
+            self.limit *= (1.0 + Self::GROWTH_STEP * steps).min(Self::GROWTH_MAX);
         } else {
-            self.limit += self.smoothing * (knee - self.limit);
-            if q > 1.5 * Self::HEADROOM && self.windows_since_probe >= 2 {
-                // A jump in latency: our queue, or a slower service? A probe tells.
+            self.growth_streak = 0;
+            if q <= Self::NO_QUEUE && w.limited && may_probe {
+                // No queue, yet the last probe did not show room: has capacity grown?
                 self.probe_next = true;
             }
+            if q > 1.5 * Self::HEADROOM && !self.suspect && may_probe {
+                // A jump in latency: our own queue (capacity fell), or a slower service (the
+                // knee moved up)? Only a probe tells; until it does, step down gently.
+                self.suspect = true;
+                self.probe_next = true;
+            }
+            let mut target = knee;
+            if self.suspect {
+                target = target.max(self.limit * Self::PROBE_FACTOR);
+            }
+            self.limit += self.smoothing * (target - self.limit);
         }
         if w.limited && base < self.target {
             // Never admit more than could finish within the target at this throughput.
             self.limit = self.limit.min((throughput * self.target).max(knee));
         }
-        self.limit = self.bounds.clamp(self.limit.max(before * 0.5));
+        let floor = if self.descending { 0.25 } else { 0.5 };
+        self.limit = self.bounds.clamp(self.limit.max(before * floor));
 
         if !self.startup {
             self.windows_since_probe += 1;
-            if self.probe_next || self.windows_since_probe >= Self::PROBE_EVERY {
+            // A probe is compared with the window before it, which must have run at the full
+            // limit: never the window right after another probe.
+            let due = self.probe_next || self.windows_since_probe >= Self::PROBE_EVERY;
+            if due && !after_probe {
                 self.probe_next = false;
                 self.probing = true;
                 self.mean_before_probe = w.mean;
+                self.steady_before_probe = (w.mean / last_mean - 1.0).abs() < 0.05;
             }
         }
     }
 
-    /// Folds a completed probe into the baseline; true when the probe shows the limit is still
-    /// above the knee (latency fell in proportion to the limit).
-    fn finish_probe(&mut self) -> bool {
+    /// Folds a completed probe into the baseline and says what it showed about the knee.
+    fn finish_probe(&mut self) -> Option<Verdict> {
         if self.probe_n < Self::PROBE_MIN_SAMPLES {
-            return false;
+            return None;
         }
         let p = self.probe_sum / f64::from(self.probe_n);
         self.probe_sum = 0.0;
         self.probe_n = 0;
         let before = self.mean_before_probe;
+        // Flat: latency did not move with the limit, so the limit was at or below the knee.
+        let flat = p >= 0.97 * before;
+        if p > 1.05 * before || (flat && !self.steady_before_probe) {
+            // Latency rose while the limit fell, or was moving before the probe: the service
+            // is changing under us, and comparing the probe with the window before it could
+            // mislead. Probe again.
+            self.probe_next = true;
+            return None;
+        }
         let base = self.base.unwrap_or(p);
-        // Proportional (saturated even at 0.8x) and below the baseline we had: that baseline was
-        // measured above the knee (a too-high start). Both conditions, so noise alone rarely fires.
-        let above_knee = !self.startup && p < 0.83 * before && p < 0.97 * base;
-        if p < base || p >= 0.95 * before {
-            // Lower: the service is faster than we thought. Flat (latency did not move with the
-            // limit): we were below the knee, so this is the no-load latency, higher or not.
+        if p <= base {
+            // The service is faster than we thought: lowering the baseline is always safe.
+            self.base = Some(p);
+        } else if flat {
+            // Below the knee and slower than the baseline: the no-load latency rose (a slower
+            // dependency). Only a steady window before the probe gets here, so a capacity
+            // change in mid-probe cannot pass for this.
             self.base = Some(p);
         }
-        // Otherwise latency fell with the limit: the probe was still queued, and `p` is only an
+        // Otherwise latency fell with the limit: the probe was still queued, so `p` is only an
         // upper bound of the no-load latency, which the baseline already is below.
-        above_knee
+        Some(Verdict { flat })
     }
+}
+
+/// What a finished probe showed.
+#[derive(Clone, Copy, Debug)]
+struct Verdict {
+    flat: bool,
 }
 
 #[cfg(test)]

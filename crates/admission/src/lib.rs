@@ -23,7 +23,7 @@
 //!         _ => Route::Class(ClassId::DEFAULT),
 //!     },
 //!     |req: &Request<Body>| {
-//!         req.headers().get("x-tenant").and_then(|v| v.to_str().ok()?.parse().ok())
+//!         req.headers().get("x-tenant").and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 //!     },
 //! );
 //! # let _ = layer;

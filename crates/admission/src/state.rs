@@ -1,6 +1,7 @@
 //! The shared controller: one per process, behind an `Arc`, cloned into every per-connection
 //! service, so the limit is global, never per connection. One short mutex per route class.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +53,8 @@ struct ClassState {
     controller: Controller,
     in_flight: usize,
     high_water: usize,
+    /// Slots held per tenant, so the next free slot goes to the waiting tenant holding fewest.
+    tenant_slots: HashMap<Option<u64>, usize>,
     queue: FairQueue,
     next_waiter: u64,
     window: Window,
@@ -65,6 +68,9 @@ struct ClassState {
     pressure: f64,
     /// Median service time in the last window, seconds.
     service_p50: f64,
+    /// The last time an arrival found a free slot and nobody waiting. Sustained overload (CoDel)
+    /// is this being longer ago than `codel_interval`.
+    last_idle: Instant,
 }
 
 struct Window {
@@ -122,6 +128,7 @@ impl Admission {
                     controller: Controller::new(&config, c),
                     in_flight: 0,
                     high_water: 0,
+                    tenant_slots: HashMap::new(),
                     queue: FairQueue::default(),
                     next_waiter: 0,
                     window: Window::new(now),
@@ -132,6 +139,7 @@ impl Admission {
                     drain_rate: 0.0,
                     pressure: 1.0,
                     service_p50: 0.0,
+                    last_idle: now,
                 }),
             })
             .collect();
@@ -219,10 +227,11 @@ impl Admission {
         let now = Instant::now();
         st.window.arrivals += 1;
         if st.in_flight < st.controller.limit() && st.queue.is_empty() {
+            st.last_idle = now;
             let probe = st.controller.probing();
-            st.take_slot(now);
+            st.take_slot(now, tenant);
             drop(st);
-            return Decision::Admit(SlotGuard::new(self.shared.clone(), id, now, probe));
+            return Decision::Admit(SlotGuard::new(self.shared.clone(), id, tenant, now, probe));
         }
         st.window.limited = true;
 
@@ -241,13 +250,25 @@ impl Admission {
         if st.queue.len() >= class.config.queue_capacity {
             st.shed.queue_full += 1;
             let refusal = st.refusal(id, &class.config, RefusalReason::QueueFull);
-            match st.queue.evict_for(tenant) {
+            let state = &mut *st;
+            let slots = &state.tenant_slots;
+            let evicted = state
+                .queue
+                .evict_for(tenant, |k| slots.get(&k).copied().unwrap_or(0));
+            match evicted {
                 // The pushed-out waiter gets the refusal; the newcomer takes its place.
                 Some(evicted) => drop(evicted.tx.send(Outcome::Refused(refusal))),
                 None => return Decision::Refuse(refusal),
             }
         }
-        let mut wait = if st.queue.overloaded(tenant, now, cfg.codel_interval) {
+        let flooding = st.flooding(tenant, now, cfg);
+        if flooding && st.queue.queued(tenant) >= st.overload_room(cfg) {
+            // Sustained overload from this tenant: it already has queued all that can drain
+            // within the short wait. Refuse now rather than after the wait.
+            st.shed.queue_full += 1;
+            return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
+        }
+        let mut wait = if flooding {
             cfg.overload_wait
         } else {
             class.config.max_queue_wait
@@ -258,11 +279,19 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let waiter = st.next_waiter;
         st.next_waiter += 1;
-        st.queue.push(tenant, Waiter { id: waiter, tx }, now);
+        st.queue.push(
+            tenant,
+            Waiter {
+                id: waiter,
+                tenant,
+                tx,
+            },
+        );
         drop(st);
         let ticket = Ticket {
             admission: self.clone(),
             class: id,
+            tenant,
             waiter,
             rx,
             since: now,
@@ -271,13 +300,20 @@ impl Admission {
         Decision::Wait(ticket, now + wait)
     }
 
-    fn release(&self, id: ClassId, admitted_at: Instant, completed: bool, probe: bool) {
+    fn release(&self, guard: &SlotGuard) {
         let cfg = &self.shared.config;
-        let (_, class) = self.class(id);
+        let (_, class) = self.class(guard.class);
         let mut st = lock(&class.state);
         let now = Instant::now();
         st.account(now);
         st.in_flight -= 1;
+        if let Some(n) = st.tenant_slots.get_mut(&guard.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                st.tenant_slots.remove(&guard.tenant);
+            }
+        }
+        let (completed, probe, admitted_at) = (guard.completed, guard.probe, guard.admitted_at);
         if completed {
             st.record(now.saturating_duration_since(admitted_at), probe, now, cfg);
         }
@@ -295,9 +331,10 @@ impl ClassState {
         w.last_change = now;
     }
 
-    fn take_slot(&mut self, now: Instant) {
+    fn take_slot(&mut self, now: Instant, tenant: Option<u64>) {
         self.account(now);
         self.in_flight += 1;
+        *self.tenant_slots.entry(tenant).or_insert(0) += 1;
         self.high_water = self.high_water.max(self.in_flight);
         self.admitted += 1;
         self.window.admitted += 1;
@@ -355,7 +392,11 @@ impl ClassState {
             .saturating_duration_since(self.window.started)
             .as_secs_f64();
         let floor = cfg.window.as_secs_f64().max(self.controller.window_floor());
-        if elapsed >= floor && self.window.completed >= cfg.window_samples {
+        // Enough evidence: a minimum count, or one limit's worth (a full turnover) if smaller.
+        let needed = u32::try_from(self.controller.limit())
+            .unwrap_or(u32::MAX)
+            .min(cfg.window_samples);
+        if elapsed >= floor && self.window.completed >= needed {
             let w = &self.window;
             let p = |q| w.hist.quantile(q).map_or(0.0, |d| d.as_secs_f64());
             let summary = WindowSummary {
@@ -375,20 +416,60 @@ impl ClassState {
         }
     }
 
-    /// Hands free slots to waiters, round robin across tenants.
+    /// Waiters that can be admitted within the overload wait at the measured drain rate.
+    fn overload_room(&self, cfg: &AdmissionConfig) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let room = (self.drain_rate * cfg.overload_wait.as_secs_f64()).ceil() as usize;
+        room.max(1)
+    }
+
+    fn flooding(&self, tenant: Option<u64>, now: Instant, cfg: &AdmissionConfig) -> bool {
+        let backlog = now.saturating_duration_since(self.last_idle);
+        let busy = self.controller.limit().min(self.in_flight.max(1));
+        flooding(&self.tenant_slots, busy, tenant, backlog, cfg)
+    }
+
+    /// Hands free slots to waiters: the waiting tenant with the smallest footprint (slots held
+    /// plus waiters) first, ties in turn.
     fn dispatch(&mut self, now: Instant, cfg: &AdmissionConfig) {
         while self.in_flight < self.controller.limit() {
-            let Some(w) = self.queue.pop(now, cfg.codel_interval, cfg.adaptive_lifo) else {
+            let slots = &self.tenant_slots;
+            let busy = self.controller.limit().min(self.in_flight.max(1));
+            let backlog = now.saturating_duration_since(self.last_idle);
+            let Some(w) = self.queue.pop(
+                |k| slots.get(&k).copied().unwrap_or(0),
+                |k| cfg.adaptive_lifo && flooding(slots, busy, k, backlog, cfg),
+            ) else {
                 break;
             };
             let probe = self.controller.probing();
             if w.tx.send(Outcome::Admitted { probe }).is_ok() {
-                self.take_slot(now);
+                self.take_slot(now, w.tenant);
             }
         }
     }
 }
 
+/// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
+/// this tenant: it holds over twice its share of the `busy` slots, or it is the only tenant.
+/// A tenant at or under its share keeps the normal wait and order.
+fn flooding(
+    slots: &HashMap<Option<u64>, usize>,
+    busy: usize,
+    tenant: Option<u64>,
+    backlog: Duration,
+    cfg: &AdmissionConfig,
+) -> bool {
+    if backlog < cfg.codel_interval {
+        return false;
+    }
+    let holders = slots.len();
+    if holders <= 1 {
+        return true;
+    }
+    let held = slots.get(&tenant).copied().unwrap_or(0);
+    held * holders > 2 * busy
+}
 impl WindowSummary {
     fn throughput(&self) -> f64 {
         f64::from(self.completed) / self.elapsed.max(1e-9)
@@ -407,6 +488,7 @@ fn secs_to_ms(secs: f64) -> u64 {
 pub(crate) struct SlotGuard {
     admission: Admission,
     class: ClassId,
+    tenant: Option<u64>,
     admitted_at: Instant,
     probe: bool,
     completed: bool,
@@ -421,10 +503,17 @@ impl fmt::Debug for SlotGuard {
 }
 
 impl SlotGuard {
-    fn new(shared: Arc<Shared>, class: ClassId, admitted_at: Instant, probe: bool) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        class: ClassId,
+        tenant: Option<u64>,
+        admitted_at: Instant,
+        probe: bool,
+    ) -> Self {
         Self {
             admission: Admission { shared },
             class,
+            tenant,
             admitted_at,
             probe,
             completed: false,
@@ -439,8 +528,7 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.admission
-            .release(self.class, self.admitted_at, self.completed, self.probe);
+        self.admission.release(self);
     }
 }
 
@@ -449,6 +537,7 @@ impl Drop for SlotGuard {
 pub(crate) struct Ticket {
     admission: Admission,
     class: ClassId,
+    tenant: Option<u64>,
     waiter: u64,
     rx: oneshot::Receiver<Outcome>,
     since: Instant,
@@ -511,6 +600,7 @@ impl Ticket {
             Outcome::Admitted { probe } => Ok(SlotGuard::new(
                 self.admission.shared.clone(),
                 self.class,
+                self.tenant,
                 Instant::now(),
                 probe,
             )),
@@ -531,6 +621,7 @@ impl Drop for Ticket {
             drop(SlotGuard::new(
                 self.admission.shared.clone(),
                 self.class,
+                self.tenant,
                 Instant::now(),
                 probe,
             ));
