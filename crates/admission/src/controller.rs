@@ -80,6 +80,7 @@ impl Controller {
         matches!(self, Self::Gradient(g) if g.probing)
     }
 
+    /// Whether window summaries change the limit.
     pub(crate) fn adapts(&self) -> bool {
         matches!(self, Self::Aimd(_) | Self::Gradient(_))
     }

@@ -379,9 +379,8 @@ impl ClassState {
             self.recent_since = now;
         }
         self.recent[0].record(rtt);
-        if !self.controller.adapts() {
-            return;
-        }
+        // Windows run in every mode: the drain rate they measure prices Retry-After, deadlines
+        // and the overload queue room even with a static limit or none.
         let secs = rtt.as_secs_f64();
         self.window.completed += 1;
         self.window.sum += secs;
@@ -410,7 +409,9 @@ impl ClassState {
             self.drain_rate = summary.throughput();
             self.pressure = f64::from(w.arrivals) / f64::from(w.admitted.max(1));
             self.service_p50 = p(0.5);
-            self.controller.on_window(&summary);
+            if self.controller.adapts() {
+                self.controller.on_window(&summary);
+            }
             self.window = Window::new(now);
             self.window.last_change = now;
         }
@@ -419,7 +420,7 @@ impl ClassState {
     /// Waiters that can be admitted within the overload wait at the measured drain rate.
     fn overload_room(&self, cfg: &AdmissionConfig) -> usize {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let room = (self.drain_rate * cfg.overload_wait.as_secs_f64()).ceil() as usize;
+        let room = (self.drain_rate * cfg.overload_wait.as_secs_f64()).round() as usize;
         room.max(1)
     }
 

@@ -4,6 +4,8 @@
 //! The service: 4 CPUs x 10 ms (+-50%) then 40 ms of I/O per request. Capacity 400/s, no-load
 //! latency 50 ms, so the Little's-law optimum in-flight count (the knee) is 20.
 
+#![allow(clippy::cast_precision_loss)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};
@@ -253,6 +255,15 @@ async fn at_10x_admitted_work_meets_the_target_and_refusals_are_immediate() {
         shed.iter()
             .any(|r| r.reason == Some(RefusalReason::QueueFull))
     );
+
+    // The live figures agree with what the clients saw.
+    let all = run.records(0.0);
+    let snap = run.admission.snapshot();
+    let ok = all.iter().filter(|r| r.status == 200).count() as u64;
+    assert_eq!(snap.admitted_total, ok);
+    assert_eq!(snap.shed.total(), all.len() as u64 - ok);
+    assert_eq!((snap.in_flight, snap.queue_depth), (0, 0));
+    assert!(snap.high_water >= 20);
 }
 
 #[tokio::test(start_paused = true)]

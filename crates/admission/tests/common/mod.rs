@@ -2,6 +2,11 @@
 //! clock so that tests run under `start_paused` (deterministic, simulated seconds in real
 //! milliseconds).
 #![allow(dead_code, unreachable_pub)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,9 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use breakwater_admission::{
-    Admission, AdmissionConfig, AdmissionService, ClassId, Refusal, RefusalReason, Route,
-};
+use breakwater_admission::{Admission, AdmissionService, ClassId, Refusal, RefusalReason, Route};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
