@@ -130,8 +130,11 @@ where
             Route::Class(class) => class,
         };
         let tenant = (self.tenant)(&req);
-        let timeout = client_timeout(req.headers());
-        match self.admission.admit(class, tenant, timeout) {
+        // The deadline header is read only if the request cannot go straight in.
+        match self
+            .admission
+            .admit(class, tenant, || client_timeout(req.headers()))
+        {
             Decision::Admit(guard) => ResponseFuture::calling(self.inner.call(req), Some(guard)),
             Decision::Refuse(refusal) => ResponseFuture {
                 state: State::Refused { refusal },

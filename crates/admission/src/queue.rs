@@ -112,29 +112,32 @@ impl FairQueue {
         false
     }
 
-    /// The queue is full and `key` wants in. The waiting tenant with the largest footprint
-    /// (`held(key)` slots plus its waiters) gives up its oldest waiter if that footprint is at
-    /// least two more than `key`'s would be, so one flooding tenant cannot fill the queue and
-    /// lock everyone else out.
-    pub(crate) fn evict_for(
-        &mut self,
+    /// The queue is full and `key` wants in: whose waiter to push out, if anyone's. The waiting
+    /// tenant with the largest footprint (`held(key)` slots plus its waiters) gives one up if
+    /// that footprint is at least two more than `key`'s would be, so one flooding tenant cannot
+    /// fill the queue and lock everyone else out.
+    pub(crate) fn eviction_victim(
+        &self,
         key: Option<u64>,
         held: impl Fn(Option<u64>) -> usize,
-    ) -> Option<Waiter> {
-        let queued = |k| self.find(k).map_or(0, |i| self.tenants[i].waiters.len());
-        let own = held(key) + queued(key);
+    ) -> Option<usize> {
+        let own = held(key) + self.queued(key);
         let (i, footprint) = self
             .tenants
             .iter()
             .enumerate()
             .map(|(i, t)| (i, held(t.key) + t.waiters.len()))
             .max_by_key(|&(_, f)| f)?;
-        if footprint < own + 2 {
-            return None;
+        (footprint >= own + 2).then_some(i)
+    }
+
+    /// Pushes out the oldest waiter of the tenant at `i` (from [`Self::eviction_victim`]).
+    pub(crate) fn evict(&mut self, i: usize) -> Option<Waiter> {
+        let waiter = self.tenants.get_mut(i)?.waiters.pop_front();
+        if waiter.is_some() {
+            self.len -= 1;
+            self.drop_if_empty(i);
         }
-        let waiter = self.tenants[i].waiters.pop_front();
-        self.len -= 1;
-        self.drop_if_empty(i);
         waiter
     }
 
@@ -221,13 +224,17 @@ mod tests {
     fn eviction_takes_from_the_heaviest_tenant_only() {
         let mut q = FairQueue::default();
         let _rx = fill(&mut q, &[(1, 1), (1, 2), (1, 3), (2, 4)]);
-        assert_eq!(q.evict_for(Some(3), |_| 0).map(|w| w.id), Some(1));
+        let evict_for = |q: &mut FairQueue, key, held: &dyn Fn(Option<u64>) -> usize| {
+            let i = q.eviction_victim(key, held)?;
+            q.evict(i)
+        };
+        assert_eq!(evict_for(&mut q, Some(3), &|_| 0).map(|w| w.id), Some(1));
         assert_eq!(q.len(), 3);
         // Tenant 1 has 2 waiting, tenant 2 has 1: not two more than tenant 2 would have.
-        assert!(q.evict_for(Some(2), |_| 0).is_none());
+        assert!(evict_for(&mut q, Some(2), &|_| 0).is_none());
         // Unless tenant 1 also holds slots and tenant 2 holds none.
         let held = |k: Option<u64>| if k == Some(1) { 3 } else { 0 };
-        assert_eq!(q.evict_for(Some(2), held).map(|w| w.id), Some(2));
+        assert_eq!(evict_for(&mut q, Some(2), &held).map(|w| w.id), Some(2));
         assert!(q.remove(3));
         assert!(q.remove(4));
         assert!(!q.remove(4));

@@ -1,8 +1,6 @@
 //! Typed refusals: 503, `Retry-After`, and the envelope of DESIGN.md. Built from a few numbers
 //! copied out under the class lock; rendering is one small string and no lock.
 
-use std::fmt::Write as _;
-
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -69,29 +67,32 @@ impl Refusal {
     }
 
     fn write_message(&self, s: &mut String) {
-        // Writing to a String cannot fail.
-        let _ = match self.reason {
-            RefusalReason::QueueFull => write!(s, "over capacity"),
-            RefusalReason::QueueTimeout => write!(s, "no capacity within {} ms", self.wait_ms),
-            RefusalReason::Deadline => write!(
-                s,
-                "expected wait {} ms exceeds the request timeout of {} ms",
-                self.wait_ms, self.client_timeout_ms
-            ),
-        };
-        let _ = if self.limit == usize::MAX {
-            write!(
-                s,
-                " (in-flight {}, queue {}/{})",
-                self.in_flight, self.queued, self.queue_capacity
-            )
-        } else {
-            write!(
-                s,
-                " (in-flight {}/{}, queue {}/{})",
-                self.in_flight, self.limit, self.queued, self.queue_capacity
-            )
-        };
+        match self.reason {
+            RefusalReason::QueueFull => s.push_str("over capacity"),
+            RefusalReason::QueueTimeout => {
+                s.push_str("no capacity within ");
+                push_int(s, self.wait_ms);
+                s.push_str(" ms");
+            }
+            RefusalReason::Deadline => {
+                s.push_str("expected wait ");
+                push_int(s, self.wait_ms);
+                s.push_str(" ms exceeds the request timeout of ");
+                push_int(s, self.client_timeout_ms);
+                s.push_str(" ms");
+            }
+        }
+        s.push_str(" (in-flight ");
+        push_int(s, self.in_flight as u64);
+        if self.limit != usize::MAX {
+            s.push('/');
+            push_int(s, self.limit as u64);
+        }
+        s.push_str(", queue ");
+        push_int(s, self.queued as u64);
+        s.push('/');
+        push_int(s, self.queue_capacity as u64);
+        s.push(')');
     }
 
     /// The JSON envelope of DESIGN.md. The message holds only digits and fixed ASCII, so it needs
@@ -103,11 +104,9 @@ impl Refusal {
         s.push_str(self.reason.code());
         s.push_str(r#"","message":""#);
         self.write_message(&mut s);
-        let _ = write!(
-            s,
-            r#"","recovery":{{"retryable":true,"retry_after_seconds":{}}}}}}}"#,
-            self.retry_after_seconds
-        );
+        s.push_str(r#"","recovery":{"retryable":true,"retry_after_seconds":"#);
+        push_int(&mut s, u64::from(self.retry_after_seconds));
+        s.push_str("}}}");
         s
     }
 
@@ -117,12 +116,45 @@ impl Refusal {
         let mut res = Response::new(body);
         *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = res.headers_mut();
+        headers.reserve(2);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(RETRY_AFTER, HeaderValue::from(self.retry_after_seconds));
+        let retry = match SECONDS.get(self.retry_after_seconds as usize) {
+            Some(s) => HeaderValue::from_static(s),
+            None => HeaderValue::from(self.retry_after_seconds),
+        };
+        headers.insert(RETRY_AFTER, retry);
         res.extensions_mut().insert(self);
         res
     }
 }
+
+/// Decimal digits without the formatting machinery (a refusal must cost microseconds).
+fn push_int(s: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // A digit, so the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation)]
+        let d = (n % 10) as u8;
+        digits[i] = b'0' + d;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        s.push(char::from(d));
+    }
+}
+
+/// `Retry-After` values as static strings (it is clamped to 60), so rendering one allocates nothing.
+const SECONDS: [&str; 61] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
+    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
+    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+];
 
 /// `Retry-After` from how long the queue ahead takes to drain at the measured rate, scaled by the
 /// overload (offered / admitted in the last window), so that a 10x flood is told to back off

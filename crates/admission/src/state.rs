@@ -54,7 +54,7 @@ struct ClassState {
     in_flight: usize,
     high_water: usize,
     /// Slots held per tenant, so the next free slot goes to the waiting tenant holding fewest.
-    tenant_slots: HashMap<Option<u64>, usize>,
+    tenant_slots: HashMap<Option<u64>, usize, KeyHasher>,
     queue: FairQueue,
     next_waiter: u64,
     window: Window,
@@ -128,7 +128,7 @@ impl Admission {
                     controller: Controller::new(&config, c),
                     in_flight: 0,
                     high_water: 0,
-                    tenant_slots: HashMap::new(),
+                    tenant_slots: HashMap::default(),
                     queue: FairQueue::default(),
                     next_waiter: 0,
                     window: Window::new(now),
@@ -219,7 +219,7 @@ impl Admission {
         &self,
         id: ClassId,
         tenant: Option<u64>,
-        client_timeout: Option<Duration>,
+        client_timeout: impl FnOnce() -> Option<Duration>,
     ) -> Decision {
         let cfg = &self.shared.config;
         let (id, class) = self.class(id);
@@ -235,8 +235,27 @@ impl Admission {
         }
         st.window.limited = true;
 
-        let expected_wait = st.expected_wait(tenant, &class.config);
+        // A full queue with nobody to push out: the cheapest refusal, decided before even
+        // reading the deadline header.
+        let full = st.queue.len() >= class.config.queue_capacity;
+        let victim = if full {
+            let state = &*st;
+            let slots = &state.tenant_slots;
+            let victim = state
+                .queue
+                .eviction_victim(tenant, |k| slots.get(&k).copied().unwrap_or(0));
+            if victim.is_none() {
+                st.shed.queue_full += 1;
+                return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
+            }
+            victim
+        } else {
+            None
+        };
+
+        let client_timeout = client_timeout();
         if let Some(timeout) = client_timeout {
+            let expected_wait = st.expected_wait(tenant, &class.config);
             let needed = expected_wait + st.service_p50;
             if needed > timeout.as_secs_f64() {
                 st.shed.deadline += 1;
@@ -247,18 +266,12 @@ impl Admission {
                 return Decision::Refuse(r);
             }
         }
-        if st.queue.len() >= class.config.queue_capacity {
+        if let Some(i) = victim {
+            // The pushed-out waiter gets the refusal; the newcomer takes its place.
             st.shed.queue_full += 1;
             let refusal = st.refusal(id, &class.config, RefusalReason::QueueFull);
-            let state = &mut *st;
-            let slots = &state.tenant_slots;
-            let evicted = state
-                .queue
-                .evict_for(tenant, |k| slots.get(&k).copied().unwrap_or(0));
-            match evicted {
-                // The pushed-out waiter gets the refusal; the newcomer takes its place.
-                Some(evicted) => drop(evicted.tx.send(Outcome::Refused(refusal))),
-                None => return Decision::Refuse(refusal),
+            if let Some(evicted) = st.queue.evict(i) {
+                let _ = evicted.tx.send(Outcome::Refused(refusal));
             }
         }
         let flooding = st.flooding(tenant, now, cfg);
@@ -455,7 +468,7 @@ impl ClassState {
 /// this tenant: it holds over twice its share of the `busy` slots, or it is the only tenant.
 /// A tenant at or under its share keeps the normal wait and order.
 fn flooding(
-    slots: &HashMap<Option<u64>, usize>,
+    slots: &HashMap<Option<u64>, usize, KeyHasher>,
     busy: usize,
     tenant: Option<u64>,
     backlog: Duration,
@@ -474,6 +487,41 @@ fn flooding(
 impl WindowSummary {
     fn throughput(&self) -> f64 {
         f64::from(self.completed) / self.elapsed.max(1e-9)
+    }
+}
+
+/// Tenant keys are already numbers (often hashes): a multiply spreads them well enough and costs
+/// far less than SipHash on every admission and release. Keys come from the API, not from
+/// attackers choosing collisions at this layer's scale (a few hundred slots).
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyHasher;
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHash;
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash(0)
+    }
+}
+
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn write_isize(&mut self, n: isize) {
+        self.write_u64(n.cast_unsigned() as u64);
     }
 }
 
