@@ -80,6 +80,11 @@ impl Controller {
         matches!(self, Self::Gradient(g) if g.probing)
     }
 
+    /// Still finding the first limit (gradient startup).
+    pub(crate) fn starting(&self) -> bool {
+        matches!(self, Self::Gradient(g) if g.startup)
+    }
+
     /// Whether window summaries change the limit.
     pub(crate) fn adapts(&self) -> bool {
         matches!(self, Self::Aimd(_) | Self::Gradient(_))
@@ -222,10 +227,10 @@ impl Gradient {
     /// Startup doubling stops once `q` passes this.
     const STARTUP_EXIT: f64 = 1.25;
     /// Growth per window while there is no queue: x1.05 for three windows in a row, then x1.10,
-    /// x1.15... up to x1.5, so a knee that moved far up (a slower dependency, more CPUs) is
+    /// x1.15, x1.2 at most, so a knee that moved far up (a slower dependency, more CPUs) is
     /// reached in a few windows, while a few noisy windows cannot jump far past a nearby knee.
     const GROWTH_STEP: f64 = 0.05;
-    const GROWTH_MAX: f64 = 1.5;
+    const GROWTH_MAX: f64 = 1.2;
 
     fn new(initial: f64, bounds: Bounds, target: f64, smoothing: f64) -> Self {
         Self {

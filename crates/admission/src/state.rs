@@ -437,8 +437,21 @@ impl ClassState {
         room.max(1)
     }
 
+    /// How long the class has been in overload: since an arrival last found a free slot, or a
+    /// whole interval if the last window was offered over 25% more than it admitted (a brief
+    /// empty queue, e.g. when a probe ends, does not end sustained overload). Not while the
+    /// controller is still finding its first limit: that pressure is its own doing.
+    fn backlog(&self, now: Instant, cfg: &AdmissionConfig) -> Duration {
+        let since_idle = now.saturating_duration_since(self.last_idle);
+        if self.pressure >= 1.25 && !self.controller.starting() {
+            since_idle.max(cfg.codel_interval)
+        } else {
+            since_idle
+        }
+    }
+
     fn flooding(&self, tenant: Option<u64>, now: Instant, cfg: &AdmissionConfig) -> bool {
-        let backlog = now.saturating_duration_since(self.last_idle);
+        let backlog = self.backlog(now, cfg);
         let busy = self.controller.limit().min(self.in_flight.max(1));
         flooding(&self.tenant_slots, busy, tenant, backlog, cfg)
     }
@@ -449,7 +462,7 @@ impl ClassState {
         while self.in_flight < self.controller.limit() {
             let slots = &self.tenant_slots;
             let busy = self.controller.limit().min(self.in_flight.max(1));
-            let backlog = now.saturating_duration_since(self.last_idle);
+            let backlog = self.backlog(now, cfg);
             let Some(w) = self.queue.pop(
                 |k| slots.get(&k).copied().unwrap_or(0),
                 |k| cfg.adaptive_lifo && flooding(slots, busy, k, backlog, cfg),
