@@ -157,14 +157,17 @@ pub struct AdmissionConfig {
     pub window: Duration,
     /// Fewest completions a controller window needs. Default 16.
     pub window_samples: u32,
-    /// CoDel interval: a tenant whose queue has not been empty for this long is in sustained
-    /// overload; its new waiters get [`Self::overload_wait`] and are served newest first.
-    /// Default 100 ms (Facebook's "Fail at Scale" value).
+    /// CoDel interval: when no arrival has found a free slot for this long (or the last window
+    /// was offered over 25% more than it admitted), the class is in sustained overload. Then
+    /// the tenants causing it (the only one, or any holding over twice its share of slots) get
+    /// [`Self::overload_wait`], are served newest first, and may queue no more than drains
+    /// within that wait. Default 100 ms (the interval of Facebook's "Fail at Scale").
     pub codel_interval: Duration,
-    /// The shortened wait in sustained overload. Default 10 ms.
+    /// The shortened wait in sustained overload. Default 5 ms (Facebook's value): at 2x, half
+    /// the refusals are waiters that timed out, so this bounds their latency.
     pub overload_wait: Duration,
-    /// Serve the newest waiter first during sustained overload (adaptive LIFO), so admitted work
-    /// is fresh work whose client is still there. Default true.
+    /// Serve a flooding tenant's newest waiter first during sustained overload (adaptive LIFO),
+    /// so admitted work is fresh work whose client is still there. Default true.
     pub adaptive_lifo: bool,
     /// Route classes; the classifier returns an index into this list. Never empty: the first is
     /// [`ClassId::DEFAULT`]. Default: one class named `default`.
@@ -180,7 +183,7 @@ impl Default for AdmissionConfig {
             window: Duration::from_millis(50),
             window_samples: 16,
             codel_interval: Duration::from_millis(100),
-            overload_wait: Duration::from_millis(10),
+            overload_wait: Duration::from_millis(5),
             adaptive_lifo: true,
             classes: vec![ClassConfig::default()],
         }

@@ -382,7 +382,7 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
     assert_eq!(reason, Some(RefusalReason::QueueTimeout));
     assert_eq!(
         waited,
-        Duration::from_millis(10),
+        Duration::from_millis(5),
         "the overload wait, not the 100 ms max"
     );
 
