@@ -165,23 +165,24 @@ impl Aimd {
 }
 
 /// Knee finder in the Vegas / Gradient2 family, with a baseline that neither needs the limit
-/// pinned low to re-measure nor creeps up under sustained load.
+/// pinned low to re-measure nor creeps up under sustained load. `docs/ADMISSION.md` has the
+/// long version.
 ///
 /// * The knee of a service is where more concurrency stops adding throughput; by Little's law it
 ///   sits at `throughput x no-load latency`. The limit aims at `HEADROOM` times that, so the
 ///   service is always busy but work beyond it waits in the admission queue (where it can be
 ///   ordered, made fair and timed out) instead of inside the service.
 /// * `q = mean latency / baseline` says whether work is queueing inside the service (Vegas's
-///   queue estimate, as a ratio). No queue and demand above the limit: grow x1.2 per window.
-///   Queue: move (by `smoothing`) toward the knee estimate.
-/// * The baseline comes from *probes*: every few windows the limit runs at 0.8x its estimate for
-///   one window, and the latency of work admitted during that window is the latency below the
-///   knee. That is how a genuinely slower service raises the baseline, while queueing caused by
-///   our own limit cannot (the probe runs below the knee). A 0.8x probe for one window in six
-///   costs a few percent of admissions under overload, nothing below it; Envoy's filter instead
-///   pins the limit to a small constant for a whole measurement interval.
-/// * A probe whose latency fell in proportion to the limit shows the knee is lower still: the
-///   limit steps down 0.8x and probes again (fast descent from a too-high start).
+///   queue estimate, as a ratio). With a queue, the limit moves (by `smoothing`) toward
+///   `HEADROOM x in-flight / q`, the knee by Little's law. Without one, and with the last probe
+///   showing room, it grows x1.05 per window, accelerating to x1.2.
+/// * The baseline comes from *probes*: every sixth window the limit runs at 0.9x for one window,
+///   and the latency of work admitted then is the latency just below the knee. A lower one always
+///   replaces the baseline; a higher one only if it is flat (latency did not fall with the limit,
+///   after a steady window): a genuinely slower service, which our own queue cannot fake. Envoy's
+///   filter instead pins the limit to a small constant for a whole measurement interval.
+/// * Startup doubles the limit per window until latency rises; if the first doubling doubles
+///   latency, the start was above the knee and the limit halves until latency stops following.
 /// * The latency target is a ceiling: never more in flight than could finish within the target
 ///   at the measured throughput (Little's law again), unless that is below the knee.
 #[derive(Debug)]
