@@ -1,0 +1,692 @@
+//! The shared controller: one per process, behind an `Arc`, cloned into every per-connection
+//! service, so the limit is global, never per connection. One short mutex per route class.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::config::{AdmissionConfig, ClassConfig, ClassId, ConfigError};
+use crate::controller::{Controller, WindowSummary};
+use crate::histogram::Histogram;
+use crate::queue::{FairQueue, Outcome, Waiter};
+use crate::refusal::{Refusal, RefusalReason, retry_after};
+use crate::snapshot::{ClassSnapshot, ShedTotals, Snapshot};
+
+/// How long each half of the live latency histogram covers: p50/p95 describe the last 10-20 s.
+const RECENT: Duration = Duration::from_secs(10);
+
+/// The admission controller. Cheap to clone (an `Arc`): keep one for [`Admission::snapshot`] and
+/// build the layer from it with [`Admission::layer`](crate::Admission::layer).
+#[derive(Clone)]
+pub struct Admission {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("mode", &self.shared.config.mode)
+            .field("algorithm", &self.shared.config.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: AdmissionConfig,
+    classes: Box<[Class]>,
+    bypassed: AtomicU64,
+}
+
+struct Class {
+    config: ClassConfig,
+    state: Mutex<ClassState>,
+}
+
+struct ClassState {
+    controller: Controller,
+    in_flight: usize,
+    high_water: usize,
+    /// Slots held per tenant, so the next free slot goes to the waiting tenant holding fewest.
+    tenant_slots: HashMap<Option<u64>, usize, KeyHasher>,
+    queue: FairQueue,
+    next_waiter: u64,
+    window: Window,
+    recent: [Histogram; 2],
+    recent_since: Instant,
+    admitted: u64,
+    shed: ShedTotals,
+    /// Completions per second in the last window.
+    drain_rate: f64,
+    /// Offered / admitted in the last window (>= 1).
+    pressure: f64,
+    /// Median service time in the last window, seconds.
+    service_p50: f64,
+    /// The last time an arrival found a free slot and nobody waiting. Sustained overload (CoDel)
+    /// is this being longer ago than `codel_interval`.
+    last_idle: Instant,
+}
+
+struct Window {
+    started: Instant,
+    /// Integral of the in-flight count over time, for its time-weighted mean.
+    area: f64,
+    last_change: Instant,
+    completed: u32,
+    sum: f64,
+    hist: Histogram,
+    limited: bool,
+    arrivals: u32,
+    admitted: u32,
+}
+
+impl Window {
+    fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            area: 0.0,
+            last_change: now,
+            completed: 0,
+            sum: 0.0,
+            hist: Histogram::default(),
+            limited: false,
+            arrivals: 0,
+            admitted: 0,
+        }
+    }
+}
+
+/// What the door decided.
+pub(crate) enum Decision {
+    Admit(SlotGuard),
+    Wait(Ticket, Instant),
+    Refuse(Refusal),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a class lock leaves counters that are still meaningful; carry on.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Admission {
+    /// Builds the controller. Fails only on inconsistent settings (e.g. `min_limit > max_limit`).
+    pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let now = Instant::now();
+        let classes = config
+            .classes
+            .iter()
+            .map(|c| Class {
+                config: c.clone(),
+                state: Mutex::new(ClassState {
+                    controller: Controller::new(&config, c),
+                    in_flight: 0,
+                    high_water: 0,
+                    tenant_slots: HashMap::default(),
+                    queue: FairQueue::default(),
+                    next_waiter: 0,
+                    window: Window::new(now),
+                    recent: [Histogram::default(), Histogram::default()],
+                    recent_since: now,
+                    admitted: 0,
+                    shed: ShedTotals::default(),
+                    drain_rate: 0.0,
+                    pressure: 1.0,
+                    service_p50: 0.0,
+                    last_idle: now,
+                }),
+            })
+            .collect();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                config,
+                classes,
+                bypassed: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The configuration it runs with.
+    #[must_use]
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.shared.config
+    }
+
+    /// Live figures: limits, in-flight, queues, refusals by reason, latency. Takes each class
+    /// lock for a copy of a few counters and two small histograms.
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        let cfg = &self.shared.config;
+        let mut all = Histogram::default();
+        let classes: Vec<ClassSnapshot> = self
+            .shared
+            .classes
+            .iter()
+            .map(|class| {
+                let st = lock(&class.state);
+                all.merge(&st.recent[0]);
+                all.merge(&st.recent[1]);
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                let q = |p| st.recent[0].quantile_with(&st.recent[1], p).map(ms);
+                let limit = st.controller.limit();
+                ClassSnapshot {
+                    name: class.config.name.clone(),
+                    limit: (limit != usize::MAX).then_some(limit),
+                    limit_estimate: st.controller.estimate(),
+                    in_flight: st.in_flight,
+                    high_water: st.high_water,
+                    queue_depth: st.queue.len(),
+                    queue_capacity: class.config.queue_capacity,
+                    max_queue_wait_ms: ms(class.config.max_queue_wait),
+                    latency_target_ms: ms(class.config.latency_target),
+                    admitted_total: st.admitted,
+                    shed: st.shed,
+                    p50_ms: q(0.5),
+                    p95_ms: q(0.95),
+                    baseline_ms: st.controller.baseline().map(|b| b * 1e3),
+                    throughput_per_sec: st.drain_rate,
+                }
+            })
+            .collect();
+        Snapshot::from_classes(
+            cfg,
+            classes,
+            self.shared.bypassed.load(Ordering::Relaxed),
+            &all,
+        )
+    }
+
+    pub(crate) fn count_bypass(&self) {
+        self.shared.bypassed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn class(&self, id: ClassId) -> (ClassId, &Class) {
+        // An id from another configuration falls back to the default class rather than panic.
+        match self.shared.classes.get(id.index()) {
+            Some(c) => (id, c),
+            None => (ClassId::DEFAULT, &self.shared.classes[0]),
+        }
+    }
+
+    /// The door: admit now, queue, or refuse. Never blocks beyond the class lock.
+    pub(crate) fn admit(
+        &self,
+        id: ClassId,
+        tenant: Option<u64>,
+        client_timeout: impl FnOnce() -> Option<Duration>,
+    ) -> Decision {
+        let cfg = &self.shared.config;
+        let (id, class) = self.class(id);
+        let mut st = lock(&class.state);
+        let now = Instant::now();
+        st.window.arrivals += 1;
+        if st.in_flight < st.controller.limit() && st.queue.is_empty() {
+            st.last_idle = now;
+            let probe = st.controller.probing();
+            st.take_slot(now, tenant);
+            drop(st);
+            return Decision::Admit(SlotGuard::new(self.shared.clone(), id, tenant, now, probe));
+        }
+        st.window.limited = true;
+
+        // A full queue with nobody to push out: the cheapest refusal, decided before even
+        // reading the deadline header.
+        let full = st.queue.len() >= class.config.queue_capacity;
+        let victim = if full {
+            let state = &*st;
+            let slots = &state.tenant_slots;
+            let victim = state
+                .queue
+                .eviction_victim(tenant, |k| slots.get(&k).copied().unwrap_or(0));
+            if victim.is_none() {
+                st.shed.queue_full += 1;
+                return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
+            }
+            victim
+        } else {
+            None
+        };
+
+        let client_timeout = client_timeout();
+        if let Some(timeout) = client_timeout {
+            let expected_wait = st.expected_wait(tenant, &class.config);
+            let needed = expected_wait + st.service_p50;
+            if needed > timeout.as_secs_f64() {
+                st.shed.deadline += 1;
+                let mut r = st.refusal(id, &class.config, RefusalReason::Deadline);
+                r.wait_ms = secs_to_ms(expected_wait);
+                r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                r.retry_after_seconds = retry_after(0, 1.0 / expected_wait.max(1e-3), 1.0);
+                return Decision::Refuse(r);
+            }
+        }
+        if let Some(i) = victim {
+            // The pushed-out waiter gets the refusal; the newcomer takes its place.
+            st.shed.queue_full += 1;
+            let refusal = st.refusal(id, &class.config, RefusalReason::QueueFull);
+            if let Some(evicted) = st.queue.evict(i) {
+                let _ = evicted.tx.send(Outcome::Refused(refusal));
+            }
+        }
+        let flooding = st.flooding(tenant, now, cfg);
+        if flooding && st.queue.queued(tenant) >= st.overload_room(cfg) {
+            // Sustained overload from this tenant: it already has queued all that can drain
+            // within the short wait. Refuse now rather than after the wait.
+            st.shed.queue_full += 1;
+            return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
+        }
+        let mut wait = if flooding {
+            cfg.overload_wait
+        } else {
+            class.config.max_queue_wait
+        };
+        if let Some(timeout) = client_timeout {
+            wait = wait.min(timeout.saturating_sub(Duration::from_secs_f64(st.service_p50)));
+        }
+        let (tx, rx) = oneshot::channel();
+        let waiter = st.next_waiter;
+        st.next_waiter += 1;
+        st.queue.push(
+            tenant,
+            Waiter {
+                id: waiter,
+                tenant,
+                tx,
+            },
+        );
+        drop(st);
+        let ticket = Ticket {
+            admission: self.clone(),
+            class: id,
+            tenant,
+            waiter,
+            rx,
+            since: now,
+            settled: false,
+        };
+        Decision::Wait(ticket, now + wait)
+    }
+
+    fn release(&self, guard: &SlotGuard) {
+        let cfg = &self.shared.config;
+        let (_, class) = self.class(guard.class);
+        let mut st = lock(&class.state);
+        let now = Instant::now();
+        st.account(now);
+        st.in_flight -= 1;
+        if let Some(n) = st.tenant_slots.get_mut(&guard.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                st.tenant_slots.remove(&guard.tenant);
+            }
+        }
+        let (completed, probe, admitted_at) = (guard.completed, guard.probe, guard.admitted_at);
+        if completed {
+            st.record(now.saturating_duration_since(admitted_at), probe, now, cfg);
+        }
+        st.dispatch(now, cfg);
+    }
+}
+
+impl ClassState {
+    /// Adds the in-flight count since its last change to the window's integral.
+    fn account(&mut self, now: Instant) {
+        let w = &mut self.window;
+        #[allow(clippy::cast_precision_loss)]
+        let n = self.in_flight as f64;
+        w.area += n * now.saturating_duration_since(w.last_change).as_secs_f64();
+        w.last_change = now;
+    }
+
+    fn take_slot(&mut self, now: Instant, tenant: Option<u64>) {
+        self.account(now);
+        self.in_flight += 1;
+        *self.tenant_slots.entry(tenant).or_insert(0) += 1;
+        self.high_water = self.high_water.max(self.in_flight);
+        self.admitted += 1;
+        self.window.admitted += 1;
+    }
+
+    /// Seconds until a newcomer of `tenant` would be admitted, at the last measured drain rate.
+    fn expected_wait(&self, tenant: Option<u64>, class: &ClassConfig) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let ahead = self.queue.position(tenant) as f64;
+        ahead / self.drain_rate_or_guess(class)
+    }
+
+    fn drain_rate_or_guess(&self, class: &ClassConfig) -> f64 {
+        if self.drain_rate > 0.0 {
+            self.drain_rate
+        } else {
+            // Before the first window: what the limit would do at the target latency.
+            #[allow(clippy::cast_precision_loss)]
+            let limit = self.controller.limit().min(class.max_limit) as f64;
+            limit / class.latency_target.as_secs_f64()
+        }
+    }
+
+    fn refusal(&self, class: ClassId, cfg: &ClassConfig, reason: RefusalReason) -> Refusal {
+        let queued = self.queue.len();
+        Refusal {
+            reason,
+            class,
+            in_flight: self.in_flight,
+            limit: self.controller.limit(),
+            queued,
+            queue_capacity: cfg.queue_capacity,
+            retry_after_seconds: retry_after(queued, self.drain_rate_or_guess(cfg), self.pressure),
+            wait_ms: 0,
+            client_timeout_ms: 0,
+        }
+    }
+
+    fn record(&mut self, rtt: Duration, probe: bool, now: Instant, cfg: &AdmissionConfig) {
+        if now.saturating_duration_since(self.recent_since) >= RECENT {
+            self.recent[1] = std::mem::take(&mut self.recent[0]);
+            self.recent_since = now;
+        }
+        self.recent[0].record(rtt);
+        // Windows run in every mode: the drain rate they measure prices Retry-After, deadlines
+        // and the overload queue room even with a static limit or none.
+        let secs = rtt.as_secs_f64();
+        self.window.completed += 1;
+        self.window.sum += secs;
+        self.window.hist.record(rtt);
+        self.controller.on_sample(secs, probe, self.window.limited);
+
+        let elapsed = now
+            .saturating_duration_since(self.window.started)
+            .as_secs_f64();
+        let floor = cfg.window.as_secs_f64().max(self.controller.window_floor());
+        // Enough evidence: a minimum count, or one limit's worth (a full turnover) if smaller.
+        let needed = u32::try_from(self.controller.limit())
+            .unwrap_or(u32::MAX)
+            .min(cfg.window_samples);
+        if elapsed >= floor && self.window.completed >= needed {
+            let w = &self.window;
+            let p = |q| w.hist.quantile(q).map_or(0.0, |d| d.as_secs_f64());
+            let summary = WindowSummary {
+                elapsed,
+                completed: w.completed,
+                mean: w.sum / f64::from(w.completed),
+                p95: p(0.95),
+                in_flight: w.area / elapsed.max(1e-9),
+                limited: w.limited,
+            };
+            self.drain_rate = summary.throughput();
+            self.pressure = f64::from(w.arrivals) / f64::from(w.admitted.max(1));
+            self.service_p50 = p(0.5);
+            if self.controller.adapts() {
+                self.controller.on_window(&summary);
+            }
+            self.window = Window::new(now);
+            self.window.last_change = now;
+        }
+    }
+
+    /// Waiters that can be admitted within the overload wait at the measured drain rate.
+    fn overload_room(&self, cfg: &AdmissionConfig) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let room = (self.drain_rate * cfg.overload_wait.as_secs_f64()).round() as usize;
+        room.max(1)
+    }
+
+    /// How long the class has been in overload: since an arrival last found a free slot, or a
+    /// whole interval if the last window was offered over 25% more than it admitted (a brief
+    /// empty queue, e.g. when a probe ends, does not end sustained overload). Not while the
+    /// controller is still finding its first limit: that pressure is its own doing.
+    fn backlog(&self, now: Instant, cfg: &AdmissionConfig) -> Duration {
+        let since_idle = now.saturating_duration_since(self.last_idle);
+        if self.pressure >= 1.25 && !self.controller.starting() {
+            since_idle.max(cfg.codel_interval)
+        } else {
+            since_idle
+        }
+    }
+
+    fn flooding(&self, tenant: Option<u64>, now: Instant, cfg: &AdmissionConfig) -> bool {
+        let backlog = self.backlog(now, cfg);
+        let busy = self.controller.limit().min(self.in_flight.max(1));
+        flooding(&self.tenant_slots, busy, tenant, backlog, cfg)
+    }
+
+    /// Hands free slots to waiters: the waiting tenant with the smallest footprint (slots held
+    /// plus waiters) first, ties in turn.
+    fn dispatch(&mut self, now: Instant, cfg: &AdmissionConfig) {
+        while self.in_flight < self.controller.limit() {
+            let slots = &self.tenant_slots;
+            let busy = self.controller.limit().min(self.in_flight.max(1));
+            let backlog = self.backlog(now, cfg);
+            let Some(w) = self.queue.pop(
+                |k| slots.get(&k).copied().unwrap_or(0),
+                |k| cfg.adaptive_lifo && flooding(slots, busy, k, backlog, cfg),
+            ) else {
+                break;
+            };
+            let probe = self.controller.probing();
+            if w.tx.send(Outcome::Admitted { probe }).is_ok() {
+                self.take_slot(now, w.tenant);
+            }
+        }
+    }
+}
+
+/// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
+/// this tenant: it holds over twice its share of the `busy` slots, or it is the only tenant.
+/// A tenant at or under its share keeps the normal wait and order.
+fn flooding(
+    slots: &HashMap<Option<u64>, usize, KeyHasher>,
+    busy: usize,
+    tenant: Option<u64>,
+    backlog: Duration,
+    cfg: &AdmissionConfig,
+) -> bool {
+    if backlog < cfg.codel_interval {
+        return false;
+    }
+    let holders = slots.len();
+    if holders <= 1 {
+        return true;
+    }
+    let held = slots.get(&tenant).copied().unwrap_or(0);
+    held * holders > 2 * busy
+}
+impl WindowSummary {
+    fn throughput(&self) -> f64 {
+        f64::from(self.completed) / self.elapsed.max(1e-9)
+    }
+}
+
+/// Tenant keys are already numbers (often hashes): a multiply spreads them well enough and costs
+/// far less than SipHash on every admission and release. Keys come from the API, not from
+/// attackers choosing collisions at this layer's scale (a few hundred slots).
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyHasher;
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHash;
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash(0)
+    }
+}
+
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn write_isize(&mut self, n: isize) {
+        self.write_u64(n.cast_unsigned() as u64);
+    }
+}
+
+fn secs_to_ms(secs: f64) -> u64 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let ms = (secs * 1e3).round().clamp(0.0, 1e12) as u64;
+    ms
+}
+
+/// A held slot. Dropping it releases the slot: after the body has been sent, on panic (unwinding
+/// drops it), on error, or when the client goes away and hyper drops the future or body.
+/// Only a completed response feeds the latency controller.
+pub(crate) struct SlotGuard {
+    admission: Admission,
+    class: ClassId,
+    tenant: Option<u64>,
+    admitted_at: Instant,
+    probe: bool,
+    completed: bool,
+}
+
+impl fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("class", &self.class)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlotGuard {
+    fn new(
+        shared: Arc<Shared>,
+        class: ClassId,
+        tenant: Option<u64>,
+        admitted_at: Instant,
+        probe: bool,
+    ) -> Self {
+        Self {
+            admission: Admission { shared },
+            class,
+            tenant,
+            admitted_at,
+            probe,
+            completed: false,
+        }
+    }
+
+    /// The response has been fully produced: release and count its latency.
+    pub(crate) fn complete(mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.admission.release(self);
+    }
+}
+
+/// A place in the queue. Dropping it unqueued (client gone) removes it; if a slot was handed to
+/// it meanwhile, the slot is passed on.
+pub(crate) struct Ticket {
+    admission: Admission,
+    class: ClassId,
+    tenant: Option<u64>,
+    waiter: u64,
+    rx: oneshot::Receiver<Outcome>,
+    since: Instant,
+    settled: bool,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("class", &self.class)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<SlotGuard, Refusal>> {
+        match std::pin::Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(outcome)) => Poll::Ready(self.settle(outcome)),
+            // The sender lives in the queue, which lives as long as `admission`: unreachable,
+            // but a waiter must never hang, so treat it as a timeout.
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.expire_refusal())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// The wait is over: leave the queue with a `queue_timeout`, unless a slot or a refusal was
+    /// sent just before (then that is the answer).
+    pub(crate) fn expire(&mut self) -> Result<SlotGuard, Refusal> {
+        let (id, class) = self.admission.class(self.class);
+        let mut st = lock(&class.state);
+        if st.queue.remove(self.waiter) {
+            st.shed.queue_timeout += 1;
+            let mut r = st.refusal(id, &class.config, RefusalReason::QueueTimeout);
+            drop(st);
+            self.settled = true;
+            r.wait_ms = secs_to_ms(
+                Instant::now()
+                    .saturating_duration_since(self.since)
+                    .as_secs_f64(),
+            );
+            return Err(r);
+        }
+        drop(st);
+        match self.rx.try_recv() {
+            Ok(outcome) => self.settle(outcome),
+            Err(_) => Err(self.expire_refusal()),
+        }
+    }
+
+    fn expire_refusal(&mut self) -> Refusal {
+        self.settled = true;
+        let (id, class) = self.admission.class(self.class);
+        let st = lock(&class.state);
+        st.refusal(id, &class.config, RefusalReason::QueueTimeout)
+    }
+
+    fn settle(&mut self, outcome: Outcome) -> Result<SlotGuard, Refusal> {
+        self.settled = true;
+        match outcome {
+            Outcome::Admitted { probe } => Ok(SlotGuard::new(
+                self.admission.shared.clone(),
+                self.class,
+                self.tenant,
+                Instant::now(),
+                probe,
+            )),
+            Outcome::Refused(r) => Err(r),
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (_, class) = self.admission.class(self.class);
+        let removed = lock(&class.state).queue.remove(self.waiter);
+        if !removed && let Ok(Outcome::Admitted { probe }) = self.rx.try_recv() {
+            // Granted but never used: give the slot back (and to the next waiter).
+            drop(SlotGuard::new(
+                self.admission.shared.clone(),
+                self.class,
+                self.tenant,
+                Instant::now(),
+                probe,
+            ));
+        }
+    }
+}
