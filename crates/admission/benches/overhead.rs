@@ -15,9 +15,7 @@
 use std::convert::Infallible;
 use std::hint::black_box;
 
-use breakwater_admission::{
-    Admission, AdmissionConfig, ClassId, Mode, Refusal, RefusalReason, Route,
-};
+use breakwater_admission::{Admission, AdmissionConfig, ClassId, Mode, Refusal, RefusalReason, Route};
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
@@ -30,8 +28,7 @@ type Body = Full<Bytes>;
 fn request() -> Request<Body> {
     let mut req = Request::new(Full::new(Bytes::new()));
     *req.uri_mut() = http::Uri::from_static("/v1/conversations");
-    req.headers_mut()
-        .insert("x-tenant", http::HeaderValue::from_static("42"));
+    req.headers_mut().insert("x-tenant", http::HeaderValue::from_static("42"));
     req
 }
 
@@ -43,9 +40,7 @@ fn classify(req: &Request<Body>) -> Route {
 }
 
 fn tenant(req: &Request<Body>) -> Option<u64> {
-    req.headers()
-        .get("x-tenant")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
+    req.headers().get("x-tenant").and_then(|v| v.to_str().ok()?.parse().ok())
 }
 
 fn inner() -> impl Service<
@@ -55,9 +50,7 @@ fn inner() -> impl Service<
     Future = impl Future<Output = Result<Response<Body>, Infallible>>,
 > + Clone {
     tower::service_fn(|_req: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-            b"{\"ok\":true}",
-        ))))
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}"))))
     })
 }
 
@@ -67,12 +60,8 @@ where
     S: Service<Request<Body>, Response = Response<B>>,
     B: http_body::Body<Data = Bytes>,
 {
-    let Some(Ok(())) = svc.ready().now_or_never().map(|r| r.map(|_| ())) else {
-        panic!("not ready")
-    };
-    let Some(Ok(res)) = svc.call(request()).now_or_never() else {
-        panic!("not immediate")
-    };
+    let Some(Ok(())) = svc.ready().now_or_never().map(|r| r.map(|_| ())) else { panic!("not ready") };
+    let Some(Ok(res)) = svc.call(request()).now_or_never() else { panic!("not immediate") };
     let status = usize::from(res.status().as_u16());
     let body = res.into_body().collect().now_or_never();
     status + body.map_or(0, |b| b.map_or(0, |b| b.to_bytes().len()))
@@ -88,10 +77,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("bare", |b| b.iter(|| black_box(once(&mut bare))));
 
     let admission = Admission::new(AdmissionConfig::default()).unwrap_or_else(|e| panic!("{e}"));
-    let layer = admission.layer(
-        classify as fn(&Request<Body>) -> Route,
-        tenant as fn(&Request<Body>) -> Option<u64>,
-    );
+    let layer = admission.layer(classify as fn(&Request<Body>) -> Route, tenant as fn(&Request<Body>) -> Option<u64>);
     let mut admitted = layer.layer(inner());
     group.bench_function("admitted", |b| {
         b.iter(|| black_box(once(&mut admitted)));
@@ -100,19 +86,12 @@ fn bench(c: &mut Criterion) {
 
     // A class with one slot, held for the whole run by a response whose body is never read,
     // and no queue: every request is refused.
-    let mut cfg = AdmissionConfig {
-        mode: Mode::Static,
-        ..AdmissionConfig::default()
-    };
+    let mut cfg = AdmissionConfig { mode: Mode::Static, ..AdmissionConfig::default() };
     cfg.classes[0].static_limit = 1;
     cfg.classes[0].queue_capacity = 0;
     let full = Admission::new(cfg).unwrap_or_else(|e| panic!("{e}"));
-    let mut refused = full
-        .layer(
-            classify as fn(&Request<Body>) -> Route,
-            tenant as fn(&Request<Body>) -> Option<u64>,
-        )
-        .layer(inner());
+    let mut refused =
+        full.layer(classify as fn(&Request<Body>) -> Route, tenant as fn(&Request<Body>) -> Option<u64>).layer(inner());
     let held = refused.call(request()).now_or_never();
     group.bench_function("refused", |b| {
         b.iter(|| black_box(once(&mut refused)));

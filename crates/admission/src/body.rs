@@ -40,9 +40,7 @@ impl<B> fmt::Debug for AdmissionBody<B> {
             }
             Kind::Refusal { .. } => "refusal",
         };
-        f.debug_struct("AdmissionBody")
-            .field("kind", &kind)
-            .finish()
+        f.debug_struct("AdmissionBody").field("kind", &kind).finish()
     }
 }
 
@@ -57,17 +55,13 @@ impl<B: Body> AdmissionBody<B> {
             }
             other => other,
         };
-        Self {
-            kind: Kind::Inner { body, guard },
-        }
+        Self { kind: Kind::Inner { body, guard } }
     }
 }
 
 impl<B> AdmissionBody<B> {
     pub(crate) fn refusal(bytes: Bytes) -> Self {
-        Self {
-            kind: Kind::Refusal { bytes: Some(bytes) },
-        }
+        Self { kind: Kind::Refusal { bytes: Some(bytes) } }
     }
 }
 
@@ -79,10 +73,7 @@ where
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Inner { mut body, guard } => {
                 let frame = ready!(body.as_mut().poll_frame(cx));
@@ -104,9 +95,7 @@ where
                 }
                 Poll::Ready(frame)
             }
-            KindProj::Refusal { bytes } => {
-                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b)))))
-            }
+            KindProj::Refusal { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b))))),
         }
     }
 
@@ -120,9 +109,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Refusal { bytes } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            Kind::Refusal { bytes } => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
 }

@@ -54,9 +54,7 @@ impl FromStr for Mode {
             "adaptive" => Ok(Self::Adaptive),
             "static" => Ok(Self::Static),
             "off" => Ok(Self::Off),
-            other => Err(ParseError(format!(
-                "unknown admission mode {other:?} (expected adaptive, static or off)"
-            ))),
+            other => Err(ParseError(format!("unknown admission mode {other:?} (expected adaptive, static or off)"))),
         }
     }
 }
@@ -67,9 +65,7 @@ impl FromStr for Algorithm {
         match s.trim().to_ascii_lowercase().as_str() {
             "gradient" => Ok(Self::Gradient),
             "aimd" => Ok(Self::Aimd),
-            other => Err(ParseError(format!(
-                "unknown admission algorithm {other:?} (expected gradient or aimd)"
-            ))),
+            other => Err(ParseError(format!("unknown admission algorithm {other:?} (expected gradient or aimd)"))),
         }
     }
 }
@@ -119,10 +115,7 @@ impl ClassConfig {
     /// A class with the default settings and the given name.
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            ..Self::default()
-        }
+        Self { name: name.into(), ..Self::default() }
     }
 }
 

@@ -27,20 +27,13 @@ pub(crate) enum Controller {
 
 impl Controller {
     pub(crate) fn new(cfg: &AdmissionConfig, class: &ClassConfig) -> Self {
-        let bounds = Bounds {
-            min: usize_f64(class.min_limit),
-            max: usize_f64(class.max_limit),
-        };
+        let bounds = Bounds { min: usize_f64(class.min_limit), max: usize_f64(class.max_limit) };
         let initial = usize_f64(class.initial_limit);
         let target = class.latency_target.as_secs_f64();
         match (cfg.mode, cfg.algorithm) {
             (Mode::Off, _) => Self::Off,
             (Mode::Static, _) => Self::Fixed(class.static_limit),
-            (Mode::Adaptive, Algorithm::Aimd) => Self::Aimd(Aimd {
-                limit: initial,
-                bounds,
-                target,
-            }),
+            (Mode::Adaptive, Algorithm::Aimd) => Self::Aimd(Aimd { limit: initial, bounds, target }),
             (Mode::Adaptive, Algorithm::Gradient) => {
                 Self::Gradient(Gradient::new(initial, bounds, target, cfg.smoothing))
             }
@@ -261,11 +254,7 @@ impl Gradient {
     }
 
     fn effective_limit(&self) -> usize {
-        let factor = if self.probing {
-            Self::PROBE_FACTOR
-        } else {
-            1.0
-        };
+        let factor = if self.probing { Self::PROBE_FACTOR } else { 1.0 };
         round(self.bounds.clamp(self.limit * factor))
     }
 
@@ -436,15 +425,8 @@ mod tests {
         let l = usize_f64(limit);
         let throughput = (l / base).min(capacity);
         let mean = l / throughput;
-        WindowSummary {
-            elapsed: 0.2,
-            completed: 100,
-            mean,
-            p95: mean,
-            in_flight: l,
-            limited: true,
-        }
-        .with_throughput(throughput)
+        WindowSummary { elapsed: 0.2, completed: 100, mean, p95: mean, in_flight: l, limited: true }
+            .with_throughput(throughput)
     }
 
     impl WindowSummary {
@@ -472,10 +454,7 @@ mod tests {
 
     fn gradient(initial: usize) -> Controller {
         let cfg = AdmissionConfig::default();
-        let class = ClassConfig {
-            initial_limit: initial,
-            ..ClassConfig::default()
-        };
+        let class = ClassConfig { initial_limit: initial, ..ClassConfig::default() };
         Controller::new(&cfg, &class)
     }
 
@@ -503,10 +482,7 @@ mod tests {
 
     #[test]
     fn aimd_backs_off_when_p95_exceeds_target() {
-        let cfg = AdmissionConfig {
-            algorithm: Algorithm::Aimd,
-            ..AdmissionConfig::default()
-        };
+        let cfg = AdmissionConfig { algorithm: Algorithm::Aimd, ..AdmissionConfig::default() };
         let mut c = Controller::new(&cfg, &ClassConfig::default());
         for _ in 0..100 {
             c.on_sample(0.01, false, true);

@@ -18,10 +18,7 @@ pub(crate) struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Self {
-            counts: [0; BUCKETS],
-            total: 0,
-        }
+        Self { counts: [0; BUCKETS], total: 0 }
     }
 }
 
@@ -100,10 +97,7 @@ impl Histogram {
         self.quantile_with(&Self::EMPTY, q)
     }
 
-    const EMPTY: Self = Self {
-        counts: [0; BUCKETS],
-        total: 0,
-    };
+    const EMPTY: Self = Self { counts: [0; BUCKETS], total: 0 };
 }
 
 #[cfg(test)]
@@ -118,8 +112,7 @@ mod tests {
         }
         let p50 = h.quantile(0.5).map(|d| d.as_secs_f64() * 1e3);
         let p95 = h.quantile(0.95).map(|d| d.as_secs_f64() * 1e3);
-        let close =
-            |got: Option<f64>, want: f64| got.is_some_and(|g| (g / want - 1.0).abs() < 0.15);
+        let close = |got: Option<f64>, want: f64| got.is_some_and(|g| (g / want - 1.0).abs() < 0.15);
         assert!(close(p50, 50.0), "{p50:?}");
         assert!(close(p95, 95.0), "{p95:?}");
         assert_eq!(h.count(), 100);
@@ -130,10 +123,7 @@ mod tests {
         let mut h = Histogram::default();
         h.record(Duration::from_nanos(10));
         h.record(Duration::from_secs(100_000));
-        assert!(
-            h.quantile(0.0)
-                .is_some_and(|d| d < Duration::from_micros(65))
-        );
+        assert!(h.quantile(0.0).is_some_and(|d| d < Duration::from_micros(65)));
         assert!(h.quantile(1.0).is_some_and(|d| d > Duration::from_secs(60)));
         h.clear();
         assert_eq!(h.quantile(0.5), None);
@@ -142,10 +132,7 @@ mod tests {
     #[test]
     fn buckets_are_monotonic() {
         let mut last = 0;
-        for ns in (0..40)
-            .map(|s| 1u64 << s)
-            .chain([3_000, 7_777_777, 123_456_789])
-        {
+        for ns in (0..40).map(|s| 1u64 << s).chain([3_000, 7_777_777, 123_456_789]) {
             let b = bucket(ns);
             assert!(b < BUCKETS);
             if ns.is_power_of_two() {

@@ -36,9 +36,7 @@ static X_REQUEST_TIMEOUT: HeaderName = HeaderName::from_static("x-request-timeou
 /// Anything unparsable is ignored.
 #[must_use]
 pub fn client_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers
-        .get(&REQUEST_TIMEOUT)
-        .or_else(|| headers.get(&X_REQUEST_TIMEOUT))?;
+    let value = headers.get(&REQUEST_TIMEOUT).or_else(|| headers.get(&X_REQUEST_TIMEOUT))?;
     let ms: u64 = value.to_str().ok()?.trim().parse().ok()?;
     Some(Duration::from_millis(ms))
 }
@@ -48,11 +46,7 @@ impl Admission {
     /// request; `tenant` picks the key the queue takes turns over (`None`: one shared key). Both
     /// run on every request before anything else, so keep them to a header or path look-up.
     pub fn layer<C, K>(&self, classify: C, tenant: K) -> AdmissionLayer<C, K> {
-        AdmissionLayer {
-            admission: self.clone(),
-            classify,
-            tenant,
-        }
+        AdmissionLayer { admission: self.clone(), classify, tenant }
     }
 }
 
@@ -66,9 +60,7 @@ pub struct AdmissionLayer<C, K> {
 
 impl<C, K> fmt::Debug for AdmissionLayer<C, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdmissionLayer")
-            .field("admission", &self.admission)
-            .finish_non_exhaustive()
+        f.debug_struct("AdmissionLayer").field("admission", &self.admission).finish_non_exhaustive()
     }
 }
 
@@ -97,9 +89,7 @@ pub struct AdmissionService<S, C, K> {
 
 impl<S, C, K> fmt::Debug for AdmissionService<S, C, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdmissionService")
-            .field("admission", &self.admission)
-            .finish_non_exhaustive()
+        f.debug_struct("AdmissionService").field("admission", &self.admission).finish_non_exhaustive()
     }
 }
 
@@ -131,14 +121,9 @@ where
         };
         let tenant = (self.tenant)(&req);
         // The deadline header is read only if the request cannot go straight in.
-        match self
-            .admission
-            .admit(class, tenant, || client_timeout(req.headers()))
-        {
+        match self.admission.admit(class, tenant, || client_timeout(req.headers())) {
             Decision::Admit(guard) => ResponseFuture::calling(self.inner.call(req), Some(guard)),
-            Decision::Refuse(refusal) => ResponseFuture {
-                state: State::Refused { refusal },
-            },
+            Decision::Refuse(refusal) => ResponseFuture { state: State::Refused { refusal } },
             Decision::Wait(ticket, until) => {
                 // Keep the service that was made ready for this request; leave a clone behind.
                 let clone = self.inner.clone();
@@ -185,9 +170,7 @@ pin_project! {
 
 impl<F, S, B> ResponseFuture<F, S, B> {
     fn calling(fut: F, guard: Option<SlotGuard>) -> Self {
-        Self {
-            state: State::Calling { fut, guard },
-        }
+        Self { state: State::Calling { fut, guard } }
     }
 }
 
@@ -199,9 +182,7 @@ impl<F, S, B> fmt::Debug for ResponseFuture<F, S, B> {
             State::Refused { .. } => "refused",
             State::Done => "done",
         };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+        f.debug_struct("ResponseFuture").field("state", &state).finish()
     }
 }
 
@@ -217,12 +198,7 @@ where
         loop {
             let mut state = self.as_mut().project().state;
             match state.as_mut().project() {
-                StateProj::Waiting {
-                    sleep,
-                    ticket,
-                    svc,
-                    req,
-                } => {
+                StateProj::Waiting { sleep, ticket, svc, req } => {
                     let outcome = match ticket.poll(cx) {
                         Poll::Ready(outcome) => outcome,
                         Poll::Pending => {
@@ -231,10 +207,9 @@ where
                         }
                     };
                     let next = match (outcome, svc.take(), req.take()) {
-                        (Ok(guard), Some(mut svc), Some(req)) => State::Calling {
-                            fut: svc.call(req),
-                            guard: Some(guard),
-                        },
+                        (Ok(guard), Some(mut svc), Some(req)) => {
+                            State::Calling { fut: svc.call(req), guard: Some(guard) }
+                        }
                         (Err(refusal), _, _) => State::Refused { refusal },
                         (Ok(_), _, _) => unreachable!("the request is taken only once"),
                     };
@@ -244,9 +219,7 @@ where
                     let result = ready!(fut.poll(cx));
                     let guard = guard.take();
                     state.set(State::Done);
-                    return Poll::Ready(
-                        result.map(|res| res.map(|body| AdmissionBody::wrap(body, guard))),
-                    );
+                    return Poll::Ready(result.map(|res| res.map(|body| AdmissionBody::wrap(body, guard))));
                 }
                 StateProj::Refused { refusal } => {
                     let refusal = *refusal;

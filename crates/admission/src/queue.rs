@@ -64,10 +64,7 @@ impl FairQueue {
         let i = match self.find(key) {
             Some(i) => i,
             None => {
-                self.tenants.push(TenantQueue {
-                    key,
-                    waiters: VecDeque::new(),
-                });
+                self.tenants.push(TenantQueue { key, waiters: VecDeque::new() });
                 self.tenants.len() - 1
             }
         };
@@ -88,11 +85,7 @@ impl FairQueue {
             .map(|k| (self.cursor + k) % n)
             .min_by_key(|&i| held(self.tenants[i].key) + self.tenants[i].waiters.len())?;
         let t = &mut self.tenants[i];
-        let waiter = if newest_first(t.key) {
-            t.waiters.pop_back()
-        } else {
-            t.waiters.pop_front()
-        };
+        let waiter = if newest_first(t.key) { t.waiters.pop_back() } else { t.waiters.pop_front() };
         self.len -= 1;
         self.cursor = i + 1;
         self.drop_if_empty(i);
@@ -116,18 +109,10 @@ impl FairQueue {
     /// tenant with the largest footprint (`held(key)` slots plus its waiters) gives one up if
     /// that footprint is at least two more than `key`'s would be, so one flooding tenant cannot
     /// fill the queue and lock everyone else out.
-    pub(crate) fn eviction_victim(
-        &self,
-        key: Option<u64>,
-        held: impl Fn(Option<u64>) -> usize,
-    ) -> Option<usize> {
+    pub(crate) fn eviction_victim(&self, key: Option<u64>, held: impl Fn(Option<u64>) -> usize) -> Option<usize> {
         let own = held(key) + self.queued(key);
-        let (i, footprint) = self
-            .tenants
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (i, held(t.key) + t.waiters.len()))
-            .max_by_key(|&(_, f)| f)?;
+        let (i, footprint) =
+            self.tenants.iter().enumerate().map(|(i, t)| (i, held(t.key) + t.waiters.len())).max_by_key(|&(_, f)| f)?;
         (footprint >= own + 2).then_some(i)
     }
 
@@ -159,14 +144,7 @@ mod tests {
 
     fn waiter(id: u64) -> (Waiter, oneshot::Receiver<Outcome>) {
         let (tx, rx) = oneshot::channel();
-        (
-            Waiter {
-                id,
-                tenant: None,
-                tx,
-            },
-            rx,
-        )
+        (Waiter { id, tenant: None, tx }, rx)
     }
 
     fn fill(q: &mut FairQueue, items: &[(u64, u64)]) -> Vec<oneshot::Receiver<Outcome>> {
@@ -181,18 +159,13 @@ mod tests {
     }
 
     fn drain(q: &mut FairQueue, held: impl Fn(Option<u64>) -> usize + Copy) -> Vec<u64> {
-        std::iter::from_fn(|| q.pop(held, |_| false))
-            .map(|w| w.id)
-            .collect()
+        std::iter::from_fn(|| q.pop(held, |_| false)).map(|w| w.id).collect()
     }
 
     #[test]
     fn tenants_take_turns() {
         let mut q = FairQueue::default();
-        let _rx = fill(
-            &mut q,
-            &[(1, 10), (1, 11), (1, 12), (2, 20), (3, 30), (2, 21)],
-        );
+        let _rx = fill(&mut q, &[(1, 10), (1, 11), (1, 12), (2, 20), (3, 30), (2, 21)]);
         // Footprints 3, 2, 1: the lightest goes first. (Here nobody's slots grow as they are
         // served; in the real queue they do, and the turns even out.)
         assert_eq!(drain(&mut q, |_| 0), [30, 20, 21, 10, 11, 12]);

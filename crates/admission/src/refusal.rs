@@ -150,10 +150,10 @@ fn push_int(s: &mut String, mut n: u64) {
 
 /// `Retry-After` values as static strings (it is clamped to 60), so rendering one allocates nothing.
 const SECONDS: [&str; 61] = [
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
-    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
-    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
-    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20",
+    "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32", "33", "34", "35", "36", "37", "38", "39",
+    "40", "41", "42", "43", "44", "45", "46", "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58",
+    "59", "60",
 ];
 
 /// `Retry-After` from how long the queue ahead takes to drain at the measured rate, scaled by the
@@ -192,10 +192,7 @@ mod tests {
             r#"{"error":{"type":"service_unavailable","code":"load_shed","message":"over capacity (in-flight 5/5, queue 16/16)","recovery":{"retryable":true,"retry_after_seconds":1}}}"#
         );
         let deadline = refusal(RefusalReason::Deadline).message();
-        assert_eq!(
-            deadline,
-            "expected wait 340 ms exceeds the request timeout of 100 ms (in-flight 5/5, queue 16/16)"
-        );
+        assert_eq!(deadline, "expected wait 340 ms exceeds the request timeout of 100 ms (in-flight 5/5, queue 16/16)");
         assert_eq!(RefusalReason::QueueTimeout.code(), "queue_timeout");
     }
 

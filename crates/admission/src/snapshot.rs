@@ -120,10 +120,7 @@ impl Snapshot {
             high_water: classes.iter().map(|c| c.high_water).sum(),
             queue_depth: classes.iter().map(|c| c.queue_depth).sum(),
             queue_capacity: classes.iter().map(|c| c.queue_capacity).sum(),
-            max_queue_wait_ms: classes
-                .iter()
-                .map(|c| c.max_queue_wait_ms)
-                .fold(0.0, f64::max),
+            max_queue_wait_ms: classes.iter().map(|c| c.max_queue_wait_ms).fold(0.0, f64::max),
             latency_target_ms: classes.first().map_or(0.0, |c| c.latency_target_ms),
             admitted_total: classes.iter().map(|c| c.admitted_total).sum(),
             bypassed_total,

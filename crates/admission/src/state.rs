@@ -143,13 +143,7 @@ impl Admission {
                 }),
             })
             .collect();
-        Ok(Self {
-            shared: Arc::new(Shared {
-                config,
-                classes,
-                bypassed: AtomicU64::new(0),
-            }),
-        })
+        Ok(Self { shared: Arc::new(Shared { config, classes, bypassed: AtomicU64::new(0) }) })
     }
 
     /// The configuration it runs with.
@@ -194,12 +188,7 @@ impl Admission {
                 }
             })
             .collect();
-        Snapshot::from_classes(
-            cfg,
-            classes,
-            self.shared.bypassed.load(Ordering::Relaxed),
-            &all,
-        )
+        Snapshot::from_classes(cfg, classes, self.shared.bypassed.load(Ordering::Relaxed), &all)
     }
 
     pub(crate) fn count_bypass(&self) {
@@ -241,9 +230,7 @@ impl Admission {
         let victim = if full {
             let state = &*st;
             let slots = &state.tenant_slots;
-            let victim = state
-                .queue
-                .eviction_victim(tenant, |k| slots.get(&k).copied().unwrap_or(0));
+            let victim = state.queue.eviction_victim(tenant, |k| slots.get(&k).copied().unwrap_or(0));
             if victim.is_none() {
                 st.shed.queue_full += 1;
                 return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
@@ -281,35 +268,16 @@ impl Admission {
             st.shed.queue_full += 1;
             return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::QueueFull));
         }
-        let mut wait = if flooding {
-            cfg.overload_wait
-        } else {
-            class.config.max_queue_wait
-        };
+        let mut wait = if flooding { cfg.overload_wait } else { class.config.max_queue_wait };
         if let Some(timeout) = client_timeout {
             wait = wait.min(timeout.saturating_sub(Duration::from_secs_f64(st.service_p50)));
         }
         let (tx, rx) = oneshot::channel();
         let waiter = st.next_waiter;
         st.next_waiter += 1;
-        st.queue.push(
-            tenant,
-            Waiter {
-                id: waiter,
-                tenant,
-                tx,
-            },
-        );
+        st.queue.push(tenant, Waiter { id: waiter, tenant, tx });
         drop(st);
-        let ticket = Ticket {
-            admission: self.clone(),
-            class: id,
-            tenant,
-            waiter,
-            rx,
-            since: now,
-            settled: false,
-        };
+        let ticket = Ticket { admission: self.clone(), class: id, tenant, waiter, rx, since: now, settled: false };
         Decision::Wait(ticket, now + wait)
     }
 
@@ -400,14 +368,10 @@ impl ClassState {
         self.window.hist.record(rtt);
         self.controller.on_sample(secs, probe, self.window.limited);
 
-        let elapsed = now
-            .saturating_duration_since(self.window.started)
-            .as_secs_f64();
+        let elapsed = now.saturating_duration_since(self.window.started).as_secs_f64();
         let floor = cfg.window.as_secs_f64().max(self.controller.window_floor());
         // Enough evidence: a minimum count, or one limit's worth (a full turnover) if smaller.
-        let needed = u32::try_from(self.controller.limit())
-            .unwrap_or(u32::MAX)
-            .min(cfg.window_samples);
+        let needed = u32::try_from(self.controller.limit()).unwrap_or(u32::MAX).min(cfg.window_samples);
         if elapsed >= floor && self.window.completed >= needed {
             let w = &self.window;
             let p = |q| w.hist.quantile(q).map_or(0.0, |d| d.as_secs_f64());
@@ -558,28 +522,13 @@ pub(crate) struct SlotGuard {
 
 impl fmt::Debug for SlotGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlotGuard")
-            .field("class", &self.class)
-            .finish_non_exhaustive()
+        f.debug_struct("SlotGuard").field("class", &self.class).finish_non_exhaustive()
     }
 }
 
 impl SlotGuard {
-    fn new(
-        shared: Arc<Shared>,
-        class: ClassId,
-        tenant: Option<u64>,
-        admitted_at: Instant,
-        probe: bool,
-    ) -> Self {
-        Self {
-            admission: Admission { shared },
-            class,
-            tenant,
-            admitted_at,
-            probe,
-            completed: false,
-        }
+    fn new(shared: Arc<Shared>, class: ClassId, tenant: Option<u64>, admitted_at: Instant, probe: bool) -> Self {
+        Self { admission: Admission { shared }, class, tenant, admitted_at, probe, completed: false }
     }
 
     /// The response has been fully produced: release and count its latency.
@@ -608,9 +557,7 @@ pub(crate) struct Ticket {
 
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("class", &self.class)
-            .finish_non_exhaustive()
+        f.debug_struct("Ticket").field("class", &self.class).finish_non_exhaustive()
     }
 }
 
@@ -635,11 +582,7 @@ impl Ticket {
             let mut r = st.refusal(id, &class.config, RefusalReason::QueueTimeout);
             drop(st);
             self.settled = true;
-            r.wait_ms = secs_to_ms(
-                Instant::now()
-                    .saturating_duration_since(self.since)
-                    .as_secs_f64(),
-            );
+            r.wait_ms = secs_to_ms(Instant::now().saturating_duration_since(self.since).as_secs_f64());
             return Err(r);
         }
         drop(st);
@@ -659,13 +602,9 @@ impl Ticket {
     fn settle(&mut self, outcome: Outcome) -> Result<SlotGuard, Refusal> {
         self.settled = true;
         match outcome {
-            Outcome::Admitted { probe } => Ok(SlotGuard::new(
-                self.admission.shared.clone(),
-                self.class,
-                self.tenant,
-                Instant::now(),
-                probe,
-            )),
+            Outcome::Admitted { probe } => {
+                Ok(SlotGuard::new(self.admission.shared.clone(), self.class, self.tenant, Instant::now(), probe))
+            }
             Outcome::Refused(r) => Err(r),
         }
     }
@@ -680,13 +619,7 @@ impl Drop for Ticket {
         let removed = lock(&class.state).queue.remove(self.waiter);
         if !removed && let Ok(Outcome::Admitted { probe }) = self.rx.try_recv() {
             // Granted but never used: give the slot back (and to the next waiter).
-            drop(SlotGuard::new(
-                self.admission.shared.clone(),
-                self.class,
-                self.tenant,
-                Instant::now(),
-                probe,
-            ));
+            drop(SlotGuard::new(self.admission.shared.clone(), self.class, self.tenant, Instant::now(), probe));
         }
     }
 }

@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use breakwater_admission::{
-    Admission, AdmissionConfig, ClassConfig, ClassId, Mode, Refusal, RefusalReason, Route,
-};
+use breakwater_admission::{Admission, AdmissionConfig, ClassConfig, ClassId, Mode, Refusal, RefusalReason, Route};
 use bytes::Bytes;
 use common::{Body, admitted, request};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -26,10 +24,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 fn static_config(limit: usize, queue: usize) -> AdmissionConfig {
-    let mut cfg = AdmissionConfig {
-        mode: Mode::Static,
-        ..AdmissionConfig::default()
-    };
+    let mut cfg = AdmissionConfig { mode: Mode::Static, ..AdmissionConfig::default() };
     cfg.classes[0].static_limit = limit;
     cfg.classes[0].queue_capacity = queue;
     cfg
@@ -88,9 +83,7 @@ where
     S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>>,
     S::Error: std::fmt::Debug,
 {
-    let Ok(res) = svc.oneshot(req).await else {
-        panic!("service error")
-    };
+    let Ok(res) = svc.oneshot(req).await else { panic!("service error") };
     let refusal = res.extensions().get::<Refusal>().copied();
     let status = res.status();
     let _ = res.into_body().collect().await;
@@ -119,10 +112,7 @@ impl http_body::Body for Streamed {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
     }
 }
@@ -135,24 +125,13 @@ async fn the_slot_is_held_until_the_body_has_been_sent() {
     let inner = tower::service_fn(move |_req: Request<Body>| {
         let body = rx.lock().ok().and_then(|mut r| r.take());
         async move {
-            let Some(rx) = body else {
-                panic!("one call only")
-            };
+            let Some(rx) = body else { panic!("one call only") };
             Ok::<_, Infallible>(Response::new(Streamed(rx)))
         }
     });
-    let svc = a
-        .layer(
-            |_: &Request<Body>| Route::Class(ClassId::DEFAULT),
-            |_: &Request<Body>| None,
-        )
-        .layer(inner);
+    let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
     let Ok(res) = svc.oneshot(request("/", None)).await;
-    assert_eq!(
-        in_flight(&a),
-        1,
-        "the handler returned but the body is not sent"
-    );
+    assert_eq!(in_flight(&a), 1, "the handler returned but the body is not sent");
     let mut body = res.into_body();
     let _ = tx.send(Bytes::from_static(b"part")).await;
     assert!(body.frame().await.is_some());
@@ -171,18 +150,11 @@ async fn a_body_dropped_midway_frees_the_slot() {
     let inner = tower::service_fn(move |_req: Request<Body>| {
         let body = rx.lock().ok().and_then(|mut r| r.take());
         async move {
-            let Some(rx) = body else {
-                panic!("one call only")
-            };
+            let Some(rx) = body else { panic!("one call only") };
             Ok::<_, Infallible>(Response::new(Streamed(rx)))
         }
     });
-    let svc = a
-        .layer(
-            |_: &Request<Body>| Route::Class(ClassId::DEFAULT),
-            |_: &Request<Body>| None,
-        )
-        .layer(inner);
+    let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
     let Ok(res) = svc.oneshot(request("/", None)).await;
     let _ = tx.send(Bytes::from_static(b"part")).await;
     let mut body = res.into_body();
@@ -220,11 +192,7 @@ async fn a_client_disconnect_frees_the_slot_and_the_queue_place() {
     holder.abort(); // the admitted client hangs up mid-handler
     run_pending().await;
     assert_eq!(in_flight(&a), 0);
-    assert_eq!(
-        gate.inside.load(Ordering::SeqCst),
-        1,
-        "the handler future was dropped, not run"
-    );
+    assert_eq!(gate.inside.load(Ordering::SeqCst), 1, "the handler future was dropped, not run");
 }
 
 #[tokio::test]
@@ -240,17 +208,9 @@ async fn a_slot_granted_to_a_waiter_that_left_passes_to_the_next() {
     assert_eq!(queued(&a), 2);
     gate.open.add_permits(1);
     assert_eq!(holder.await.map(|r| r.0).ok(), Some(StatusCode::OK));
-    assert_eq!(
-        (in_flight(&a), queued(&a)),
-        (1, 1),
-        "granted to the first waiter"
-    );
+    assert_eq!((in_flight(&a), queued(&a)), (1, 1), "granted to the first waiter");
     drop(first);
-    assert_eq!(
-        (in_flight(&a), queued(&a)),
-        (1, 0),
-        "passed on to the second"
-    );
+    assert_eq!((in_flight(&a), queued(&a)), (1, 0), "passed on to the second");
     gate.open.add_permits(1);
     let Ok(res) = second.await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -261,18 +221,12 @@ async fn the_limit_is_global_across_connections() {
     // hyper and axum clone the service once per connection; the limit must not multiply.
     let a = admission(static_config(4, 64));
     let gate = Gate::new();
-    let layer = a.layer(
-        |_: &Request<Body>| Route::Class(ClassId::DEFAULT),
-        |_: &Request<Body>| None,
-    );
+    let layer = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None);
     let mut calls = Vec::new();
     for connection in 0..8 {
         // Half the connections from clones of one service, half from separate `layer` calls.
-        let svc = if connection % 2 == 0 {
-            layer.layer(gate.clone())
-        } else {
-            layer.clone().layer(gate.clone()).clone()
-        };
+        let svc =
+            if connection % 2 == 0 { layer.layer(gate.clone()) } else { layer.clone().layer(gate.clone()).clone() };
         for _ in 0..5 {
             calls.push(tokio::spawn(status(svc.clone(), request("/", None))));
         }
@@ -284,11 +238,7 @@ async fn the_limit_is_global_across_connections() {
     for c in calls {
         assert_eq!(c.await.map(|r| r.0).ok(), Some(StatusCode::OK));
     }
-    assert_eq!(
-        gate.most.load(Ordering::SeqCst),
-        4,
-        "never more than the limit inside"
-    );
+    assert_eq!(gate.most.load(Ordering::SeqCst), 4, "never more than the limit inside");
 }
 
 /// Load shedding that treats `poll_ready -> Pending` as overload sheds spuriously over a
@@ -302,16 +252,11 @@ async fn over_a_buffer_an_exhausted_coop_budget_is_not_overload() {
     });
     let a = admission(static_config(N, 16));
     let svc = ServiceBuilder::new()
-        .layer(a.layer(
-            |_: &Request<Body>| Route::Class(ClassId::DEFAULT),
-            |_: &Request<Body>| None,
-        ))
+        .layer(a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None))
         .buffer(N)
         .service(ok);
     // All from one task, so the coop budget is spent long before the last request.
-    let mut all: FuturesUnordered<_> = (0..N)
-        .map(|_| svc.clone().oneshot(request("/", None)))
-        .collect();
+    let mut all: FuturesUnordered<_> = (0..N).map(|_| svc.clone().oneshot(request("/", None))).collect();
     let mut statuses = Vec::new();
     while let Some(r) = all.next().await {
         statuses.push(r.map(|res| res.status()).ok());
@@ -339,26 +284,13 @@ async fn the_queue_honours_its_bound_and_its_max_wait() {
     for t in tries {
         results.extend(t.await.ok());
     }
-    let full: Vec<_> = results
-        .iter()
-        .filter(|r| r.0 == Some(RefusalReason::QueueFull))
-        .collect();
-    let timeouts: Vec<_> = results
-        .iter()
-        .filter(|r| r.0 == Some(RefusalReason::QueueTimeout))
-        .collect();
+    let full: Vec<_> = results.iter().filter(|r| r.0 == Some(RefusalReason::QueueFull)).collect();
+    let timeouts: Vec<_> = results.iter().filter(|r| r.0 == Some(RefusalReason::QueueTimeout)).collect();
     assert_eq!(full.len(), 3, "{results:?}");
-    assert!(
-        full.iter().all(|r| r.1 == Duration::ZERO),
-        "a full queue refuses at once"
-    );
+    assert!(full.iter().all(|r| r.1 == Duration::ZERO), "a full queue refuses at once");
     assert_eq!(timeouts.len(), 4);
     let max_wait = Duration::from_millis(100);
-    assert!(
-        timeouts
-            .iter()
-            .all(|r| r.1 >= max_wait && r.1 < max_wait + Duration::from_millis(2))
-    );
+    assert!(timeouts.iter().all(|r| r.1 >= max_wait && r.1 < max_wait + Duration::from_millis(2)));
     let snap = a.snapshot();
     assert_eq!((snap.shed.queue_full, snap.shed.queue_timeout), (3, 4));
     assert_eq!(snap.queue_depth, 0);
@@ -380,11 +312,7 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
     });
     let (reason, waited) = late.await.unwrap_or((None, Duration::MAX));
     assert_eq!(reason, Some(RefusalReason::QueueTimeout));
-    assert_eq!(
-        waited,
-        Duration::from_millis(5),
-        "the overload wait, not the 100 ms max"
-    );
+    assert_eq!(waited, Duration::from_millis(5), "the overload wait, not the 100 ms max");
 
     // In sustained overload the queue holds only what can drain within the short wait (here,
     // one slot's worth): further arrivals are refused at once instead of after the wait.
@@ -399,10 +327,7 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
     for w in waiters {
         outcomes.push(w.await.map(|(code, r)| (code, r.map(|r| r.reason))).ok());
     }
-    let full = Some((
-        StatusCode::SERVICE_UNAVAILABLE,
-        Some(RefusalReason::QueueFull),
-    ));
+    let full = Some((StatusCode::SERVICE_UNAVAILABLE, Some(RefusalReason::QueueFull)));
     assert_eq!(outcomes, [Some((StatusCode::OK, None)), full, full]);
 }
 
@@ -415,9 +340,7 @@ async fn control_tower_load_shed_over_a_buffer_sheds_spuriously() {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
     });
     let svc = ServiceBuilder::new().load_shed().buffer(N).service(ok);
-    let mut all: FuturesUnordered<_> = (0..N)
-        .map(|_| svc.clone().oneshot(request("/", None)))
-        .collect();
+    let mut all: FuturesUnordered<_> = (0..N).map(|_| svc.clone().oneshot(request("/", None))).collect();
     let mut shed = 0;
     while let Some(r) = all.next().await {
         shed += usize::from(r.is_err());
@@ -431,15 +354,11 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_the_door() {
     let gate = Gate::new();
     let svc = admitted(&a, gate.clone());
     let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    let _queued: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(status(svc.clone(), request("/", None))))
-        .collect();
+    let _queued: Vec<_> = (0..3).map(|_| tokio::spawn(status(svc.clone(), request("/", None)))).collect();
     run_pending().await;
     // Before any measurement the drain rate is guessed as limit / target = 5/s: 4 ahead = 0.8 s.
     let mut hurried = request("/", None);
-    hurried
-        .headers_mut()
-        .insert("x-request-timeout", http::HeaderValue::from_static("50"));
+    hurried.headers_mut().insert("x-request-timeout", http::HeaderValue::from_static("50"));
     let t0 = Instant::now();
     let (code, refusal) = status(svc.clone(), hurried).await;
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
@@ -451,16 +370,10 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_the_door() {
     assert!(refusal.wait_ms >= 700, "{refusal:?}");
 
     let mut patient = request("/", None);
-    patient
-        .headers_mut()
-        .insert("request-timeout", http::HeaderValue::from_static("5000"));
+    patient.headers_mut().insert("request-timeout", http::HeaderValue::from_static("5000"));
     let waiting = tokio::spawn(status(svc, patient));
     run_pending().await;
-    assert_eq!(
-        queued(&a),
-        4,
-        "a deadline that can be met waits like anyone"
-    );
+    assert_eq!(queued(&a), 4, "a deadline that can be met waits like anyone");
     drop(waiting);
     assert_eq!(a.snapshot().shed.deadline, 1);
 }
@@ -472,10 +385,7 @@ async fn bypass_routes_are_never_counted_queued_or_refused() {
     let svc = admitted(&a, gate.clone());
     let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
     run_pending().await;
-    assert_eq!(
-        status(svc.clone(), request("/", None)).await.0,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    assert_eq!(status(svc.clone(), request("/", None)).await.0, StatusCode::SERVICE_UNAVAILABLE);
     gate.open.add_permits(2); // the holder's and the health check's
     let (code, refusal) = status(svc, request("/health", None)).await;
     assert_eq!((code, refusal), (StatusCode::OK, None));
@@ -486,10 +396,7 @@ async fn bypass_routes_are_never_counted_queued_or_refused() {
 #[tokio::test]
 async fn cheap_reads_do_not_wait_behind_saturated_lists() {
     let mut cfg = static_config(1, 2);
-    let reads = cfg.add_class(ClassConfig {
-        static_limit: 8,
-        ..ClassConfig::new("reads")
-    });
+    let reads = cfg.add_class(ClassConfig { static_limit: 8, ..ClassConfig::new("reads") });
     let a = admission(cfg);
     let gate = Gate::new();
     let svc = a
@@ -501,9 +408,7 @@ async fn cheap_reads_do_not_wait_behind_saturated_lists() {
             |_: &Request<Body>| None,
         )
         .layer(gate.clone());
-    let lists: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(status(svc.clone(), request("/lists", None))))
-        .collect();
+    let lists: Vec<_> = (0..3).map(|_| tokio::spawn(status(svc.clone(), request("/lists", None)))).collect();
     run_pending().await;
     let read = tokio::spawn(status(svc.clone(), request("/read", None)));
     run_pending().await;
@@ -528,25 +433,13 @@ async fn a_refusal_is_a_typed_503_with_retry_after() {
     run_pending().await;
     let Ok(res) = svc.oneshot(request("/", None)).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let header = |name| {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header = |name| res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     assert_eq!(header("content-type").as_deref(), Some("application/json"));
-    let retry: u32 = header("retry-after")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let retry: u32 = header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
     assert!(retry >= 1);
     let refusal = res.extensions().get::<Refusal>().copied();
     assert_eq!(refusal.map(|r| r.reason), Some(RefusalReason::QueueFull));
-    let bytes = res
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let bytes = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     assert_eq!(
         json,
@@ -561,21 +454,13 @@ async fn a_refusal_is_a_typed_503_with_retry_after() {
 
 #[tokio::test]
 async fn off_mode_never_refuses_but_still_counts() {
-    let a = admission(AdmissionConfig {
-        mode: Mode::Off,
-        ..AdmissionConfig::default()
-    });
+    let a = admission(AdmissionConfig { mode: Mode::Off, ..AdmissionConfig::default() });
     let gate = Gate::new();
     let svc = admitted(&a, gate.clone());
-    let calls: Vec<_> = (0..500)
-        .map(|_| tokio::spawn(status(svc.clone(), request("/", None))))
-        .collect();
+    let calls: Vec<_> = (0..500).map(|_| tokio::spawn(status(svc.clone(), request("/", None)))).collect();
     run_pending().await;
     let snap = a.snapshot();
-    assert_eq!(
-        (snap.in_flight, snap.limit, snap.queue_depth),
-        (500, None, 0)
-    );
+    assert_eq!((snap.in_flight, snap.limit, snap.queue_depth), (500, None, 0));
     gate.open.add_permits(500);
     for c in calls {
         assert_eq!(c.await.map(|r| r.0).ok(), Some(StatusCode::OK));

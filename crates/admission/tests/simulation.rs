@@ -33,26 +33,11 @@ impl Run {
         let svc = admitted(&admission, sim.clone());
         let t0 = Instant::now();
         let (limits, sampler) = sample_limit(&admission, t0);
-        Self {
-            admission,
-            sim,
-            svc,
-            log: Arc::new(Mutex::new(Vec::new())),
-            limits,
-            sampler,
-            t0,
-        }
+        Self { admission, sim, svc, log: Arc::new(Mutex::new(Vec::new())), limits, sampler, t0 }
     }
 
     async fn offer(&self, traffic: &[Traffic], secs: f64, seed: u64) {
-        drive(
-            &self.svc,
-            traffic,
-            Duration::from_secs_f64(secs),
-            &self.log,
-            seed,
-        )
-        .await;
+        drive(&self.svc, traffic, Duration::from_secs_f64(secs), &self.log, seed).await;
     }
 
     async fn offer_x(&self, times_capacity: f64, secs: f64) {
@@ -63,9 +48,7 @@ impl Run {
     /// Controller samples taken between `from` and `to` seconds.
     fn samples(&self, from: f64, to: f64) -> Vec<Sample> {
         let all = self.limits.lock().map(|l| l.clone()).unwrap_or_default();
-        all.into_iter()
-            .filter(|s| s.t >= from && s.t <= to)
-            .collect()
+        all.into_iter().filter(|s| s.t >= from && s.t <= to).collect()
     }
 
     /// Client-side records of requests sent at or after `from` seconds.
@@ -83,15 +66,7 @@ impl Run {
             .samples(0.0, f64::MAX)
             .iter()
             .step_by(2)
-            .map(|s| {
-                format!(
-                    "{:.1}:{}/{:.0}/{:.0}",
-                    s.t,
-                    s.limit,
-                    s.estimate,
-                    s.baseline * 1e3
-                )
-            })
+            .map(|s| format!("{:.1}:{}/{:.0}/{:.0}", s.t, s.limit, s.estimate, s.baseline * 1e3))
             .collect();
         println!("t:limit/estimate/baseline_ms {}", trace.join(" "));
     }
@@ -165,11 +140,7 @@ async fn follows_a_slower_dependency() {
     let late = run.samples(7.0, 8.0);
     assert_estimates_within(&late, 40.0, 0.2, "I/O 40 -> 90 ms at 3s");
     for s in late {
-        assert!(
-            (s.baseline / 0.1 - 1.0).abs() < 0.1,
-            "baseline {:.1} ms",
-            s.baseline * 1e3
-        );
+        assert!((s.baseline / 0.1 - 1.0).abs() < 0.1, "baseline {:.1} ms", s.baseline * 1e3);
     }
 }
 
@@ -184,12 +155,7 @@ async fn under_sustained_overload_the_baseline_holds_and_the_limit_is_never_pinn
     assert_estimates_within(&steady, 20.0, 0.2, "30 s at 3x");
     for s in &steady {
         // The deepest the limit in force ever goes is the 0.8x probe of a sane estimate.
-        assert!(
-            s.limit >= 0.7 * 20.0,
-            "limit in force {} at {:.2}s",
-            s.limit,
-            s.t
-        );
+        assert!(s.limit >= 0.7 * 20.0, "limit in force {} at {:.2}s", s.limit, s.t);
         assert!(
             (s.baseline / 0.05 - 1.0).abs() < 0.1,
             "baseline {:.1} ms at {:.2}s (true 50 ms)",
@@ -216,12 +182,7 @@ async fn nothing_is_shed_below_capacity() {
         .filter(|r| r.status != 200)
         .map(|r| format!("{:?}@{:.2}s", r.reason, (r.sent - run.t0).as_secs_f64()))
         .collect();
-    assert_eq!(
-        refused,
-        0,
-        "{refused} of {} refused at 0.8x: {why:?}",
-        records.len()
-    );
+    assert_eq!(refused, 0, "{refused} of {} refused at 0.8x: {why:?}", records.len());
 }
 
 #[tokio::test(start_paused = true)]
@@ -246,15 +207,9 @@ async fn at_10x_admitted_work_meets_the_target_and_refusals_are_immediate() {
     let p50 = percentile(shed_ms.clone(), 0.5);
     let p99 = percentile(shed_ms.clone(), 0.99);
     assert!(p50 < 1.0, "shed p50 {p50:.1} ms");
-    assert!(
-        p99 <= 11.0,
-        "shed p99 {p99:.1} ms: waits are shortened in sustained overload"
-    );
+    assert!(p99 <= 11.0, "shed p99 {p99:.1} ms: waits are shortened in sustained overload");
     assert!(shed.iter().all(|r| r.retry_after.is_some_and(|s| s >= 1)));
-    assert!(
-        shed.iter()
-            .any(|r| r.reason == Some(RefusalReason::QueueFull))
-    );
+    assert!(shed.iter().any(|r| r.reason == Some(RefusalReason::QueueFull)));
 
     // The live figures agree with what the clients saw.
     let all = run.records(0.0);
@@ -269,15 +224,9 @@ async fn at_10x_admitted_work_meets_the_target_and_refusals_are_immediate() {
 #[tokio::test(start_paused = true)]
 async fn one_tenant_flooding_does_not_refuse_the_others() {
     let run = Run::new(AdmissionConfig::default());
-    let mut traffic = vec![Traffic {
-        rate: 10.0 * 400.0,
-        tenant: Some(0),
-    }];
+    let mut traffic = vec![Traffic { rate: 10.0 * 400.0, tenant: Some(0) }];
     for t in 1..=9 {
-        traffic.push(Traffic {
-            rate: 0.1 * 400.0,
-            tenant: Some(t),
-        });
+        traffic.push(Traffic { rate: 0.1 * 400.0, tenant: Some(t) });
     }
     run.offer(&traffic, 7.0, 11).await;
     run.finish().await;
@@ -289,27 +238,12 @@ async fn one_tenant_flooding_does_not_refuse_the_others() {
     let why: Vec<String> = light
         .iter()
         .filter(|r| r.status != 200)
-        .map(|r| {
-            format!(
-                "{:?}@{:.2}s/{:?}",
-                r.reason,
-                (r.sent - run.t0).as_secs_f64(),
-                r.latency
-            )
-        })
+        .map(|r| format!("{:?}@{:.2}s/{:?}", r.reason, (r.sent - run.t0).as_secs_f64(), r.latency))
         .collect();
-    assert_eq!(
-        refused,
-        0,
-        "{refused} of {} light-tenant requests refused: {why:?}",
-        light.len()
-    );
+    assert_eq!(refused, 0, "{refused} of {} light-tenant requests refused: {why:?}", light.len());
     let slowest = light.iter().map(|r| r.latency).max().unwrap_or_default();
     assert!(slowest < Duration::from_millis(200), "{slowest:?}");
-    let heavy_ok = records
-        .iter()
-        .filter(|r| r.tenant == Some(0) && r.status == 200)
-        .count();
+    let heavy_ok = records.iter().filter(|r| r.tenant == Some(0) && r.status == 200).count();
     assert!(heavy_ok > 0, "the flooding tenant still gets the rest");
 }
 
@@ -328,11 +262,7 @@ async fn compare_algorithms() {
         ("static 80", Mode::Static, Algorithm::Gradient),
     ] {
         for x in [1.0, 2.0, 10.0] {
-            let cfg = AdmissionConfig {
-                mode,
-                algorithm,
-                ..AdmissionConfig::default()
-            };
+            let cfg = AdmissionConfig { mode, algorithm, ..AdmissionConfig::default() };
             let run = Run::new(cfg);
             run.offer_x(x, 12.0).await;
             run.finish().await;

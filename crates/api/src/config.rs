@@ -163,6 +163,9 @@ pub struct Config {
     /// The database.
     #[command(flatten)]
     pub db: DatabaseConfig,
+    /// Admission control.
+    #[command(flatten)]
+    pub admission: crate::admission::AdmissionSettings,
     /// The throttles.
     #[command(flatten)]
     pub throttle: ThrottleConfig,

@@ -5,6 +5,7 @@
 //! ```text
 //! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
 //!   -> body cap (413)                                                             body_limit.rs
+//!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here
 //!   -> auth (JWT) -> throttles (tenant/user/IP, Redis GCRA) -> 429              throttle_layer.rs
@@ -15,6 +16,7 @@
 //! Architecture invariant: handlers hold no SQL; they parse, call `breakwater_domain`, and
 //! render. Every failure is an [`error::ApiError`] rendered as the typed envelope.
 
+pub mod admission;
 pub mod auth;
 pub mod body_limit;
 pub mod bulkhead;
@@ -85,14 +87,17 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The whole app as served: the body cap outside the routes, so an oversized request is refused
-/// before anything else runs.
+/// The whole app as served: the body cap, then admission control, outside the routes, so an
+/// oversized request is refused before anything else runs and an over-capacity one before any
+/// routing, auth or database work.
 pub fn app(
     state: AppState,
 ) -> impl tower::Service<Request, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
 {
     let limit = state.config.body_limit_bytes;
-    body_limit::BodyLimitLayer(limit).layer(router(state).into_service::<Body>())
+    let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
+    let admitted = admission.layer(router(state).into_service::<Body>()).map_response(|r| r.map(Body::new));
+    body_limit::BodyLimitLayer(limit).layer(admitted)
 }
 
 async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
@@ -166,7 +171,7 @@ pub async fn start_with_pool(
     };
     let addr = listener.local_addr()?;
     let redis = redis::pool(&config.redis_url)?;
-    let state = AppState::new(config, pool, redis);
+    let state = AppState::new(config, pool, redis)?;
     throttle::spawn_override_refresh(state.throttles.clone(), state.pool.clone(), Duration::from_secs(30));
     let options = server::ServeOptions {
         keep_alive_timeout: state.config.keep_alive_timeout(),

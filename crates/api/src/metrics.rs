@@ -65,6 +65,23 @@ struct LiveGauges {
     throttle_fallback_checks: Gauge,
     throttle_redis_errors: Gauge,
     throttle_refused: Family<KindLabel, Gauge>,
+    admission_limit: Family<ClassLabel, Gauge>,
+    admission_in_flight: Family<ClassLabel, Gauge>,
+    admission_queue_depth: Family<ClassLabel, Gauge>,
+    admission_admitted: Family<ClassLabel, Gauge>,
+    admission_shed: Family<ShedLabels, Gauge>,
+    admission_p95_ms: Family<ClassLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabel {
+    class: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShedLabels {
+    class: String,
+    reason: &'static str,
 }
 
 /// Classifies a status for the `outcome` label: a deliberate refusal is not an error.
@@ -136,6 +153,24 @@ impl Metrics {
             "Requests refused by throttle bucket kind since start",
             g.throttle_refused.clone(),
         );
+        registry.register(
+            "admission_limit",
+            "Admission in-flight limit now, per route class",
+            g.admission_limit.clone(),
+        );
+        registry.register("admission_in_flight", "Requests holding an admission slot", g.admission_in_flight.clone());
+        registry.register(
+            "admission_queue_depth",
+            "Requests waiting for an admission slot",
+            g.admission_queue_depth.clone(),
+        );
+        registry.register("admission_admitted", "Requests admitted since start", g.admission_admitted.clone());
+        registry.register(
+            "admission_shed",
+            "Requests refused by admission since start, by reason",
+            g.admission_shed.clone(),
+        );
+        registry.register("admission_p95_ms", "p95 latency of admitted requests, ms", g.admission_p95_ms.clone());
         Self { registry, requests, latency, gauges }
     }
 
@@ -165,6 +200,21 @@ impl Metrics {
         g.throttle_redis_errors.set(to_i64(t.redis_errors));
         for (kind, n) in [("tenant", t.refused.tenant), ("user", t.refused.user), ("ip", t.refused.ip)] {
             g.throttle_refused.get_or_create(&KindLabel { kind }).set(to_i64(n));
+        }
+        for c in state.admission.snapshot().classes {
+            let class = ClassLabel { class: c.name.clone() };
+            g.admission_limit.get_or_create(&class).set(c.limit.map_or(-1, usize_i64));
+            g.admission_in_flight.get_or_create(&class).set(usize_i64(c.in_flight));
+            g.admission_queue_depth.get_or_create(&class).set(usize_i64(c.queue_depth));
+            g.admission_admitted.get_or_create(&class).set(to_i64(c.admitted_total));
+            g.admission_p95_ms.get_or_create(&class).set(c.p95_ms.unwrap_or(0.0));
+            for (reason, n) in [
+                ("queue_full", c.shed.queue_full),
+                ("queue_timeout", c.shed.queue_timeout),
+                ("deadline", c.shed.deadline),
+            ] {
+                g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }).set(to_i64(n));
+            }
         }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

@@ -24,6 +24,10 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Set when shutdown begins: readiness turns false so load balancers stop sending.
     pub shutting_down: Arc<AtomicBool>,
+    /// Admission control (shared by every connection).
+    pub admission: breakwater_admission::Admission,
+    /// Its route classes.
+    pub classes: crate::admission::Classes,
     /// The database bulkhead.
     pub bulkhead: Arc<Bulkhead>,
     /// The tenant/user/IP throttles.
@@ -38,9 +42,14 @@ pub struct AppState {
 
 impl AppState {
     /// Builds the state from a configuration and the pools.
-    #[must_use]
-    pub fn new(config: Config, pool: sqlx::PgPool, redis: RedisPool) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// When the admission settings contradict each other.
+    pub fn new(config: Config, pool: sqlx::PgPool, redis: RedisPool) -> anyhow::Result<Self> {
+        let (admission, classes) = config.admission.build()?;
+        Ok(Self {
+            admission,
+            classes,
             bulkhead: Arc::new(Bulkhead::new(config.db.db_pool_size as usize, config.db.acquire_timeout())),
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
@@ -51,7 +60,7 @@ impl AppState {
             jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
             config: Arc::new(config),
             shutting_down: Arc::new(AtomicBool::new(false)),
-        }
+        })
     }
 
     /// Whether shutdown has begun.

@@ -2,11 +2,7 @@
 //! clock so that tests run under `start_paused` (deterministic, simulated seconds in real
 //! milliseconds).
 #![allow(dead_code, unreachable_pub)]
-#![allow(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -52,8 +48,7 @@ impl SimService {
     }
 
     pub fn capacity(&self) -> f64 {
-        self.workers.load(Ordering::Relaxed) as f64 * 1000.0
-            / self.cpu_ms.load(Ordering::Relaxed) as f64
+        self.workers.load(Ordering::Relaxed) as f64 * 1000.0 / self.cpu_ms.load(Ordering::Relaxed) as f64
     }
 
     pub fn base_secs(&self) -> f64 {
@@ -68,8 +63,7 @@ impl SimService {
     pub fn set_workers(&self, workers: u64) {
         let now = self.workers.swap(workers, Ordering::Relaxed);
         if workers > now {
-            self.cpu
-                .add_permits(usize::try_from(workers - now).unwrap_or(0));
+            self.cpu.add_permits(usize::try_from(workers - now).unwrap_or(0));
         } else if now > workers {
             // Take the CPUs away as they come free (FIFO, like any waiting request).
             let sem = self.cpu.clone();
@@ -123,23 +117,15 @@ pub fn splitmix(mut x: u64) -> u64 {
 }
 
 fn classify(req: &Request<Body>) -> Route {
-    if req.uri().path() == "/health" {
-        Route::Bypass
-    } else {
-        Route::Class(ClassId::DEFAULT)
-    }
+    if req.uri().path() == "/health" { Route::Bypass } else { Route::Class(ClassId::DEFAULT) }
 }
 
 pub fn tenant(req: &Request<Body>) -> Option<u64> {
-    req.headers()
-        .get("x-tenant")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
+    req.headers().get("x-tenant").and_then(|v| v.to_str().ok()?.parse().ok())
 }
 
 pub fn admitted<S>(admission: &Admission, inner: S) -> Admitted<S> {
-    admission
-        .layer(classify as Classify, tenant as TenantKey)
-        .layer(inner)
+    admission.layer(classify as Classify, tenant as TenantKey).layer(inner)
 }
 
 /// One request's fate, as the client saw it.
@@ -163,24 +149,12 @@ where
 {
     let sent = Instant::now();
     let tenant = tenant(&req);
-    let Ok(res) = svc.oneshot(req).await else {
-        panic!("service failed")
-    };
+    let Ok(res) = svc.oneshot(req).await else { panic!("service failed") };
     let status = res.status().as_u16();
     let reason = res.extensions().get::<Refusal>().map(|r| r.reason);
-    let retry_after = res
-        .headers()
-        .get(http::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let retry_after = res.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
     let _ = res.into_body().collect().await;
-    let record = Record {
-        sent,
-        latency: sent.elapsed(),
-        status,
-        tenant,
-        reason,
-        retry_after,
-    };
+    let record = Record { sent, latency: sent.elapsed(), status, tenant, reason, retry_after };
     if let Ok(mut log) = log.lock() {
         log.push(record);
     }
@@ -204,10 +178,7 @@ pub struct Traffic {
 
 pub async fn drive<S>(svc: &S, traffic: &[Traffic], duration: Duration, log: &Log, seed: u64)
 where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: std::fmt::Debug + Send,
 {

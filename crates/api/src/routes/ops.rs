@@ -35,6 +35,9 @@ pub(crate) struct Layers {
     connections: Connections,
     /// The request body cap.
     body: Body,
+    /// Admission control: the adaptive limit, in-flight, queue, sheds, per class.
+    #[schema(value_type = Object)]
+    capacity: breakwater_admission::Snapshot,
     /// Per-tenant, per-user and per-IP throttles.
     throttles: crate::throttle::ThrottleStatus,
     /// Slots for database work (a request without one in time gets 503 `db_saturated`).
@@ -122,6 +125,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 request_timeout_seconds: cfg.request_timeout_secs,
             },
             body: Body { limit_bytes: cfg.body_limit_bytes },
+            capacity: state.admission.snapshot(),
             throttles: state.throttles.status(),
             bulkhead: state.bulkhead.status(),
             pool: Pool {

@@ -1,0 +1,165 @@
+//! Wiring `breakwater-admission` into the API: its settings from the environment, the route
+//! classes, and the tenant key it takes turns over.
+//!
+//! Route classes (docs/ADMISSION.md): health, readiness, metrics, ops and the OpenAPI document
+//! bypass admission entirely; the two expensive lists (the inbox and the contacts list) have
+//! their own limit and queue, so cheap reads (one conversation, a page of messages) and writes
+//! never wait behind them.
+
+use std::hash::{Hash as _, Hasher as _};
+use std::time::Duration;
+
+use axum::http::{Method, Request, header};
+use base64::Engine as _;
+use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, Mode, Route};
+
+/// Admission settings from the environment.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdmissionSettings {
+    /// `adaptive` (a limit derived from the latency target), `static` (a fixed in-flight
+    /// ceiling) or `off` (no protection: for experiments).
+    #[arg(long = "admission", env = "ADMISSION", default_value = "adaptive")]
+    pub mode: Mode,
+    /// The adaptive controller: `gradient` (the default, see docs/ADMISSION.md) or `aimd`.
+    #[arg(long = "admission-algorithm", env = "ADMISSION_ALGORITHM", default_value = "gradient")]
+    pub algorithm: Algorithm,
+    /// The p95 latency target for admitted requests, in ms: the only number to configure.
+    #[arg(long = "admission-latency-target-ms", env = "ADMISSION_LATENCY_TARGET_MS", default_value_t = 200)]
+    pub latency_target_ms: u64,
+    /// The fixed in-flight ceiling per class in `static` mode.
+    #[arg(long = "admission-static-limit", env = "ADMISSION_STATIC_LIMIT", default_value_t = 80)]
+    pub static_limit: usize,
+    /// Waiters beyond the limit, per class.
+    #[arg(long = "admission-queue", env = "ADMISSION_QUEUE", default_value_t = 32)]
+    pub queue: usize,
+    /// Longest wait in the queue, in ms.
+    #[arg(long = "admission-max-wait-ms", env = "ADMISSION_MAX_WAIT_MS", default_value_t = 100)]
+    pub max_wait_ms: u64,
+    /// The adaptive limit's floor.
+    #[arg(long = "admission-min-limit", env = "ADMISSION_MIN_LIMIT", default_value_t = 2)]
+    pub min_limit: usize,
+    /// The adaptive limit's ceiling.
+    #[arg(long = "admission-max-limit", env = "ADMISSION_MAX_LIMIT", default_value_t = 1000)]
+    pub max_limit: usize,
+}
+
+/// The route classes, by index in the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Classes {
+    /// Single items, message pages and writes.
+    pub default: ClassId,
+    /// The inbox and the contacts list.
+    pub lists: ClassId,
+}
+
+impl AdmissionSettings {
+    /// Builds the controller and the class ids.
+    ///
+    /// # Errors
+    /// When the settings contradict each other (`min > max`...).
+    pub fn build(&self) -> anyhow::Result<(Admission, Classes)> {
+        let class = |name: &str| ClassConfig {
+            name: name.to_owned(),
+            latency_target: Duration::from_millis(self.latency_target_ms),
+            static_limit: self.static_limit,
+            queue_capacity: self.queue,
+            max_queue_wait: Duration::from_millis(self.max_wait_ms),
+            min_limit: self.min_limit,
+            max_limit: self.max_limit,
+            initial_limit: ClassConfig::default().initial_limit.clamp(self.min_limit, self.max_limit),
+        };
+        let mut config = AdmissionConfig {
+            mode: self.mode,
+            algorithm: self.algorithm,
+            classes: vec![class("default")],
+            ..Default::default()
+        };
+        let lists = config.add_class(class("lists"));
+        let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
+        let admission = Admission::new(config).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
+        Ok((admission, Classes { default, lists }))
+    }
+}
+
+/// Paths that are never counted, queued or shed: probes must report the truth under load.
+pub const BYPASS: [&str; 5] = ["/health", "/ready", "/metrics", "/v1/ops/status", "/openapi.json"];
+
+/// The class of a request, from its method and path alone (cheap: no routing, no parsing).
+pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + Send + Sync + 'static {
+    move |req: &Request<B>| {
+        let path = req.uri().path();
+        if BYPASS.contains(&path) {
+            Route::Bypass
+        } else if req.method() == Method::GET && (path == "/v1/conversations" || path == "/v1/contacts") {
+            Route::Class(classes.lists)
+        } else {
+            Route::Class(classes.default)
+        }
+    }
+}
+
+/// The tenant a request claims, read from its token's payload without verifying it (admission
+/// runs before auth and must stay cheap). A forged claim can only change which turn a request
+/// waits for in the queue; the token is verified before anything is served.
+pub fn tenant_key<B>(req: &Request<B>) -> Option<u64> {
+    let token = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?;
+    let payload = token.split('.').nth(1)?;
+    if payload.len() > 2048 {
+        return None;
+    }
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Claim<'a> {
+        #[serde(borrow)]
+        tenant_id: &'a str,
+    }
+    let claim: Claim<'_> = serde_json::from_slice(&json).ok()?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    claim.tenant_id.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_and_bypass() {
+        let (_, classes) = AdmissionSettings::default_for_tests().build().expect("builds");
+        let c = classify::<()>(classes);
+        let req = |m: Method, p: &str| Request::builder().method(m).uri(p).body(()).expect("request");
+        assert_eq!(c(&req(Method::GET, "/health")), Route::Bypass);
+        assert_eq!(c(&req(Method::GET, "/v1/ops/status")), Route::Bypass);
+        assert_eq!(c(&req(Method::GET, "/v1/conversations?status=open")), Route::Class(classes.lists));
+        assert_eq!(c(&req(Method::GET, "/v1/contacts")), Route::Class(classes.lists));
+        assert_eq!(c(&req(Method::GET, "/v1/conversations/x/messages")), Route::Class(classes.default));
+        assert_eq!(c(&req(Method::POST, "/v1/conversations")), Route::Class(classes.default));
+    }
+
+    #[test]
+    fn tenant_key_reads_the_claim_and_ignores_garbage() {
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let req = |auth: &str| Request::builder().header(header::AUTHORIZATION, auth).body(()).expect("request");
+        let a1 = format!("Bearer h.{}.s", b64(r#"{"tenant_id":"a","sub":"1"}"#));
+        let a2 = format!("Bearer h.{}.s", b64(r#"{"sub":"2","tenant_id":"a"}"#));
+        let b = format!("Bearer h.{}.s", b64(r#"{"tenant_id":"b"}"#));
+        assert_eq!(tenant_key(&req(&a1)), tenant_key(&req(&a2)));
+        assert_ne!(tenant_key(&req(&a1)), tenant_key(&req(&b)));
+        assert!(tenant_key(&req(&a1)).is_some());
+        for bad in ["Bearer", "Bearer x", "Basic abc", "Bearer a.!!!.c", &format!("Bearer h.{}.s", b64("[1]"))] {
+            assert_eq!(tenant_key(&req(bad)), None, "{bad}");
+        }
+    }
+
+    impl AdmissionSettings {
+        fn default_for_tests() -> Self {
+            use clap::Parser as _;
+            #[derive(clap::Parser)]
+            struct P {
+                #[command(flatten)]
+                a: AdmissionSettings,
+            }
+            P::parse_from(["x"]).a
+        }
+    }
+}
