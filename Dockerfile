@@ -43,6 +43,6 @@ ENV BIND_ADDR=0.0.0.0:8080 \
     LOG_FORMAT=json
 EXPOSE 8080
 # The API drains on SIGINT and SIGTERM alike; the worker stops cleanly on SIGINT (Ctrl-C). Asking
-# for SIGINT makes `docker stop` graceful for both.
+# for SIGINT makes `docker stop` graceful for both. (ECS ignores STOPSIGNAL and sends SIGTERM.)
 STOPSIGNAL SIGINT
 CMD ["breakwater-api", "serve"]

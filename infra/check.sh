@@ -6,14 +6,16 @@
 #   3. checkov on the templates and the Dockerfile (every skip must carry its reason and
 #      suppress a check that ran);
 #   4. the invariants linters do not know (infra/checks/invariants.py).
-# Installs its tools in a virtualenv under target/ (pinned in infra/requirements.txt). Runs every
-# step and exits non-zero if any failed. CI: `bash infra/check.sh`.
+# Installs its tools, pinned in infra/requirements.txt, in a virtualenv under target/ (or
+# $INFRA_VENV) once per requirements change. Runs every step and exits non-zero if any failed.
+# CI: `bash infra/check.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 started=$SECONDS
 out=target/infra-check
-venv=target/infra-venv
+# INFRA_VENV: keep the tools somewhere that outlives a fresh clone (a CI cache) to skip the install.
+venv=${INFRA_VENV:-target/infra-venv}
 mkdir -p "$out"
 
 log() { printf '\n==> %s\n' "$*"; }
