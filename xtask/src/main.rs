@@ -3,6 +3,7 @@
 //! - `cargo xtask dev`: a served, seeded stack on this machine (PostgreSQL found or started,
 //!   migrated, seeded small; API and worker running; a token and a curl line printed).
 //! - `cargo xtask test`: every test, against a real PostgreSQL and Redis.
+//! - `cargo xtask pinned -- <command...>`: a command in a cgroup at the production task's shape.
 
 mod services;
 
@@ -25,9 +26,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run a command in a cgroup at the production task's shape (0.25 core, 512 MiB, no swap).
+    Pinned(pinned::PinnedArgs),
 }
 
 mod dev;
+mod pinned;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -35,6 +39,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dev(args) => runtime.block_on(dev::run(args)),
         Command::Test { args } => runtime.block_on(test(args)),
+        Command::Pinned(args) => runtime.block_on(pinned::run(args)),
     }
 }
 

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Invariants of the CloudFormation templates that cfn-lint and checkov do not know.
+
+- Timeouts nest: the API's keep-alive idle timeout (75 s) > the ALB idle timeout (60 s) > the
+  longest handler timeout (REQUEST_TIMEOUT_SECS, 30 s), for every value the parameters allow.
+- Draining fits: deregistration delay < container stop timeout <= 120 s, and the API's
+  SHUTDOWN_GRACE_SECS < the stop timeout.
+- The API task is 256 CPU / 512 MiB by default; autoscaling tracks 60% CPU from 2 to 6 tasks,
+  scale-out cooldown 60 s, scale-in 120-300 s.
+- The target group checks a route the API serves (`/ready`, read from the API's source).
+- Secrets reach containers as secrets, never as plain environment; services run in private
+  subnets without public IPs, with the circuit breaker and rollback; every imported value is
+  exported by a stack deployed earlier.
+- Every checkov skip carries a reason and suppresses a check that ran (with `--checkov-json`).
+
+Usage: invariants.py [--checkov-json FILE]  (from the repository root; prints `N passed, M failed`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path("infra/cloudformation")
+# Deploy order: a stack may import only what an earlier one exports.
+ORDER = ["security", "network", "data", "edge", "service"]
+HEALTH_ROUTES = Path("crates/api/src/routes/health.rs")
+SECRET_NAMES = re.compile(r"SECRET|PASSWORD|TOKEN|REDIS_URL", re.I)
+
+
+class CfnLoader(yaml.SafeLoader):
+    """Reads the short-form intrinsic functions (!Ref, !Sub, ...) as their long forms."""
+
+
+def _intrinsic(loader: CfnLoader, suffix: str, node: yaml.Node):
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+CfnLoader.add_multi_constructor("!", _intrinsic)
+
+
+def load_templates() -> dict[str, dict]:
+    return {name: yaml.load((ROOT / f"{name}.yaml").read_text(), Loader=CfnLoader) for name in ORDER}
+
+
+def param(t: dict, name: str) -> dict:
+    return t.get("Parameters", {}).get(name, {})
+
+
+def resolve(t: dict, node):
+    """A value with parameter Refs and FindInMap replaced by the defaults; other intrinsics stay."""
+    if isinstance(node, dict) and list(node) == ["Ref"] and node["Ref"] in t.get("Parameters", {}):
+        return param(t, node["Ref"]).get("Default")
+    if isinstance(node, dict) and list(node) == ["Fn::FindInMap"]:
+        m, k1, k2 = (resolve(t, x) for x in node["Fn::FindInMap"])
+        return t["Mappings"][m][k1][k2]
+    return node
+
+
+def num(t: dict, node) -> float:
+    value = resolve(t, node)
+    return float(value)
+
+
+def bounds(t: dict, node) -> tuple[float, float]:
+    """The range a value may take: a parameter's MinValue..MaxValue (or its AllowedValues)."""
+    if isinstance(node, dict) and list(node) == ["Ref"]:
+        p = param(t, node["Ref"])
+        if "AllowedValues" in p:
+            values = [float(v) for v in p["AllowedValues"]]
+            return min(values), max(values)
+        default = float(p["Default"])
+        return float(p.get("MinValue", default)), float(p.get("MaxValue", default))
+    value = num(t, node)
+    return value, value
+
+
+def of_type(t: dict, kind: str) -> dict[str, dict]:
+    return {k: r for k, r in t.get("Resources", {}).items() if r.get("Type") == kind}
+
+
+def only(t: dict, kind: str) -> dict:
+    found = of_type(t, kind)
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind}, found {len(found)}")
+    return next(iter(found.values()))["Properties"]
+
+
+def attributes(props: dict, key: str) -> dict:
+    return {a["Key"]: a["Value"] for a in props.get(key, [])}
+
+
+def container(t: dict, family_suffix: str) -> dict:
+    for r in of_type(t, "AWS::ECS::TaskDefinition").values():
+        family = r["Properties"]["Family"]
+        text = family.get("Fn::Sub", "") if isinstance(family, dict) else family
+        if text.endswith(f"-{family_suffix}"):
+            return r["Properties"]
+    raise AssertionError(f"no {family_suffix} task definition")
+
+
+def env_of(t: dict, c: dict) -> dict:
+    return {e["Name"]: resolve(t, e["Value"]) for e in c.get("Environment", [])}
+
+
+def export_name(node) -> str | None:
+    """`${EnvironmentName}-X` from an Export's or ImportValue's Fn::Sub."""
+    if isinstance(node, dict) and "Fn::Sub" in node and isinstance(node["Fn::Sub"], str):
+        return node["Fn::Sub"]
+    return None
+
+
+def imports(node, found: list) -> list:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "Fn::ImportValue":
+                found.append(export_name(v))
+            imports(v, found)
+    elif isinstance(node, list):
+        for v in node:
+            imports(v, found)
+    return found
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.passed, self.failed = 0, 0
+
+    def check(self, ok: bool, what: str) -> None:
+        if ok:
+            self.passed += 1
+            print(f"  ok    {what}")
+        else:
+            self.failed += 1
+            print(f"  FAIL  {what}")
+
+    def guard(self, what: str, fn) -> None:
+        try:
+            self.check(bool(fn()), what)
+        except (AssertionError, KeyError, TypeError, ValueError, IndexError) as e:
+            self.check(False, f"{what} ({type(e).__name__}: {e})")
+
+
+def run(ts: dict[str, dict], c: Checks) -> None:
+    edge, svc, data, net = ts["edge"], ts["service"], ts["data"], ts["network"]
+    api = container(svc, "api")
+    api_c = api["ContainerDefinitions"][0]
+    api_env = env_of(svc, api_c)
+
+    # Timeouts nest, for every allowed ALB idle timeout.
+    alb = only(edge, "AWS::ElasticLoadBalancingV2::LoadBalancer")
+    idle_node = attributes(alb, "LoadBalancerAttributes")["idle_timeout.timeout_seconds"]
+    idle_lo, idle_hi = bounds(edge, idle_node)
+    keep_alive = float(api_env["KEEP_ALIVE_TIMEOUT_SECS"])
+    request = float(api_env["REQUEST_TIMEOUT_SECS"])
+    c.check(num(edge, idle_node) == 60, f"ALB idle timeout is 60 s (got {num(edge, idle_node):g})")
+    c.check(keep_alive == 75, f"API keep-alive idle timeout is 75 s (got {keep_alive:g})")
+    c.check(keep_alive > idle_hi, f"keep-alive {keep_alive:g} s > ALB idle timeout (at most {idle_hi:g} s)")
+    c.check(idle_lo > request, f"ALB idle timeout (at least {idle_lo:g} s) > handler timeout {request:g} s")
+    c.check(
+        attributes(alb, "LoadBalancerAttributes").get("routing.http.drop_invalid_header_fields.enabled") == "true",
+        "the ALB drops invalid header fields",
+    )
+
+    # Draining fits inside the stop timeout.
+    tg = only(edge, "AWS::ElasticLoadBalancingV2::TargetGroup")
+    dereg = num(edge, attributes(tg, "TargetGroupAttributes")["deregistration_delay.timeout_seconds"])
+    stop_node = api_c["StopTimeout"]
+    stop, (stop_lo, stop_hi) = num(svc, stop_node), bounds(svc, stop_node)
+    c.check(dereg == 30, f"deregistration delay is 30 s (got {dereg:g})")
+    c.check(dereg < stop <= 120, f"deregistration delay {dereg:g} s < API stop timeout {stop:g} s <= 120 s")
+    c.check(stop_hi <= 120, f"the stop timeout parameter allows at most 120 s (max {stop_hi:g})")
+    grace = float(api_env["SHUTDOWN_GRACE_SECS"])
+    c.check(grace < stop_lo, f"SHUTDOWN_GRACE_SECS {grace:g} s < stop timeout (at least {stop_lo:g} s)")
+    for name in ("worker",):
+        w = container(svc, name)["ContainerDefinitions"][0]
+        c.check(0 < num(svc, w["StopTimeout"]) <= 120, f"{name} stop timeout is at most 120 s")
+
+    # The task shape the benchmarks pin.
+    c.check(
+        (str(resolve(svc, api["Cpu"])), str(resolve(svc, api["Memory"]))) == ("256", "512"),
+        f"API task is 256 CPU / 512 MiB by default (got {resolve(svc, api['Cpu'])}/{resolve(svc, api['Memory'])})",
+    )
+    tier_env = {k: api_env.get(k) for k in ("DB_POOL_SIZE", "TOKIO_WORKER_THREADS", "MAX_CONNECTIONS")}
+    c.check(all(tier_env.values()), f"the tier sets the pool, runtime threads and connection cap ({tier_env})")
+    c.check(
+        api_env.get("ADMISSION") == "adaptive" and float(api_env.get("ADMISSION_LATENCY_TARGET_MS", 0)) == 200,
+        "admission is adaptive with a 200 ms latency target by default",
+    )
+
+    # Autoscaling.
+    target = only(svc, "AWS::ApplicationAutoScaling::ScalableTarget")
+    policy = only(svc, "AWS::ApplicationAutoScaling::ScalingPolicy")["TargetTrackingScalingPolicyConfiguration"]
+    lo, hi = num(svc, target["MinCapacity"]), num(svc, target["MaxCapacity"])
+    c.check((lo, hi) == (2, 6), f"the API scales between 2 and 6 tasks (got {lo:g}..{hi:g})")
+    c.check(
+        policy["PredefinedMetricSpecification"]["PredefinedMetricType"] == "ECSServiceAverageCPUUtilization"
+        and num(svc, policy["TargetValue"]) == 60,
+        "target tracking holds average CPU at 60%",
+    )
+    c.check(num(svc, policy["ScaleOutCooldown"]) == 60, "scale-out cooldown is 60 s")
+    in_lo, in_hi = bounds(svc, policy["ScaleInCooldown"])
+    c.check(120 <= in_lo and in_hi <= 300, f"scale-in cooldown stays within 120-300 s ({in_lo:g}-{in_hi:g})")
+    c.check(
+        float(api_env["THROTTLE_API_TASKS"]) == hi,
+        "THROTTLE_API_TASKS is the most tasks that can run (the in-process fallback never exceeds the ceiling)",
+    )
+
+    # The health check path is a route the API serves.
+    path = tg["HealthCheckPath"]
+    routes = re.findall(r'\.route\(\s*"([^"]+)"', HEALTH_ROUTES.read_text())
+    c.check(path == "/ready" and path in routes, f"target group checks {path}, served by the API ({routes})")
+    c.check(tg["TargetType"] == "ip" and num(edge, tg["HealthCheckIntervalSeconds"]) == 10, "ip targets checked every 10 s")
+
+    # TLS at the edge.
+    listeners = [r["Properties"] for r in of_type(edge, "AWS::ElasticLoadBalancingV2::Listener").values()]
+    https = [l for l in listeners if l["Protocol"] == "HTTPS"]
+    http = [l for l in listeners if l["Protocol"] == "HTTP"]
+    c.check(
+        len(https) == 1 and str(https[0].get("SslPolicy", "")).startswith("ELBSecurityPolicy-TLS13-"),
+        "HTTPS listener with a TLS 1.3 policy",
+    )
+    c.check(
+        len(http) == 1 and http[0]["DefaultActions"][0]["RedirectConfig"]["Protocol"] == "HTTPS",
+        "HTTP listener only redirects to HTTPS",
+    )
+    acl = only(edge, "AWS::WAFv2::WebACL")
+    c.check(any("RateBasedStatement" in r["Statement"] for r in acl["Rules"]), "the web ACL has a rate-based rule")
+    c.check(
+        only(edge, "AWS::WAFv2::WebACLAssociation")["ResourceArn"] == {"Ref": "LoadBalancer"},
+        "the web ACL is attached to the ALB",
+    )
+
+    # Services: private, no public IP, circuit breaker with rollback.
+    for name, s in of_type(svc, "AWS::ECS::Service").items():
+        p = s["Properties"]
+        net_cfg = p["NetworkConfiguration"]["AwsvpcConfiguration"]
+        c.check(net_cfg["AssignPublicIp"] == "DISABLED", f"{name}: no public IP")
+        c.check("PrivateSubnets" in json.dumps(net_cfg["Subnets"]), f"{name}: private subnets")
+        breaker = p["DeploymentConfiguration"]["DeploymentCircuitBreaker"]
+        c.check(breaker == {"Enable": True, "Rollback": True}, f"{name}: deployment circuit breaker with rollback")
+        if p.get("LoadBalancers"):
+            c.check(num(svc, p.get("HealthCheckGracePeriodSeconds", 0)) > 0, f"{name}: health-check grace period")
+
+    # Secrets as secrets; separate roles.
+    for name, td in of_type(svc, "AWS::ECS::TaskDefinition").items():
+        p = td["Properties"]
+        c.check(p["ExecutionRoleArn"] != p["TaskRoleArn"], f"{name}: separate execution and task roles")
+        for cd in p["ContainerDefinitions"]:
+            plain = [e["Name"] for e in cd.get("Environment", []) if SECRET_NAMES.search(e["Name"])]
+            c.check(not plain, f"{name}/{cd['Name']}: no secret in plain environment {plain or ''}")
+            c.check(cd.get("ReadonlyRootFilesystem") is True, f"{name}/{cd['Name']}: read-only root filesystem")
+    secrets = {s["Name"] for s in api_c.get("Secrets", [])}
+    c.check({"JWT_SECRET", "PGPASSWORD", "REDIS_URL"} <= secrets, f"the API gets its secrets from Secrets Manager {sorted(secrets)}")
+
+    # Data at rest and in transit.
+    db = only(data, "AWS::RDS::DBInstance")
+    c.check(
+        db["StorageEncrypted"] is True and db["PubliclyAccessible"] is False and db["DeletionProtection"] is True,
+        "RDS encrypted, private, with deletion protection",
+    )
+    redis = only(data, "AWS::ElastiCache::ReplicationGroup")
+    c.check(
+        redis["TransitEncryptionEnabled"] is True and redis["AtRestEncryptionEnabled"] is True and "AuthToken" in redis,
+        "ElastiCache encrypted in transit and at rest, with an AUTH token",
+    )
+    for tname, t in ts.items():
+        for name, lg in of_type(t, "AWS::Logs::LogGroup").items():
+            c.check("RetentionInDays" in lg["Properties"], f"{tname}/{name}: log retention set")
+
+    # Cross-stack references resolve, in deploy order.
+    exported: dict[str, str] = {}
+    for tname in ORDER:
+        t = ts[tname]
+        wanted = [n for n in imports(t.get("Resources", {}), []) if n]
+        missing = sorted({n for n in wanted if n not in exported})
+        c.check(not missing, f"{tname}: every import is exported by an earlier stack {missing or ''}")
+        for out in t.get("Outputs", {}).values():
+            n = export_name(out.get("Export", {}).get("Name"))
+            if n:
+                exported[n] = tname
+    ingress_ok = any(
+        "SourceSecurityGroupId" in r["Properties"] and r["Properties"]["GroupId"] == {"Ref": "ApiSecurityGroup"}
+        for r in of_type(net, "AWS::EC2::SecurityGroupIngress").values()
+    )
+    c.check(ingress_ok, "API tasks accept traffic from the ALB's security group only")
+
+
+SKIP = re.compile(r"#\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
+
+
+def checkov_skips(c: Checks, checkov_json: Path | None) -> None:
+    files = sorted(ROOT.glob("*.yaml")) + [Path("Dockerfile")]
+    declared = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            m = SKIP.search(line.strip())
+            if m:
+                declared.append((f, m.group(1), (m.group(2) or "").strip()))
+    for f, check_id, reason in declared:
+        c.check(len(reason) >= 15, f"checkov skip {check_id} in {f} carries its reason inline")
+    if checkov_json is None:
+        return
+    reports = json.loads(checkov_json.read_text())
+    reports = reports if isinstance(reports, list) else [reports]
+    for r in reports:
+        s = r.get("summary", {})
+        print(f"  checkov {r.get('check_type')}: {s.get('passed')} passed, {s.get('failed')} failed,"
+              f" {s.get('skipped')} skipped, {s.get('parsing_errors')} parsing errors")
+        for f in r.get("results", {}).get("failed_checks", []):
+            c.check(False, f"checkov {f['check_id']} {f['check_name']}: {f['file_path']} {f['resource']}")
+        c.check(s.get("parsing_errors", 1) == 0, f"checkov parsed every {r.get('check_type')} file")
+    applied = {s["check_id"] for r in reports for s in r.get("results", {}).get("skipped_checks", [])}
+    for f, check_id, _ in declared:
+        c.check(check_id in applied, f"checkov skip {check_id} in {f} suppresses a check that ran")
+
+
+def self_test(ts: dict[str, dict]) -> None:
+    """Each mutation breaks one invariant; the checks must notice."""
+
+    def lb(t):
+        return next(iter(of_type(t["edge"], "AWS::ElasticLoadBalancingV2::LoadBalancer").values()))["Properties"]
+
+    def set_attr(props, key, attr, value):
+        for a in props[key]:
+            if a["Key"] == attr:
+                a["Value"] = value
+
+    def api_c(t):
+        return container(t["service"], "api")["ContainerDefinitions"][0]
+
+    def api_env(t, name, value):
+        for e in api_c(t)["Environment"]:
+            if e["Name"] == name:
+                e["Value"] = value
+
+    def first_service(t):
+        return next(iter(of_type(t["service"], "AWS::ECS::Service").values()))["Properties"]
+
+    mutations = {
+        "ALB idle above keep-alive": lambda t: set_attr(lb(t), "LoadBalancerAttributes", "idle_timeout.timeout_seconds", "80"),
+        "handler timeout above ALB idle": lambda t: api_env(t, "REQUEST_TIMEOUT_SECS", "90"),
+        "stop timeout above 120": lambda t: api_c(t).update(StopTimeout=150),
+        "stop timeout below deregistration": lambda t: api_c(t).update(StopTimeout=20),
+        "bigger task": lambda t: container(t["service"], "api").update(Cpu="512"),
+        "health path not served": lambda t: only(t["edge"], "AWS::ElasticLoadBalancingV2::TargetGroup").update(
+            HealthCheckPath="/healthz"),
+        "secret in plain env": lambda t: api_c(t)["Environment"].append({"Name": "JWT_SECRET", "Value": "x"}),
+        "public IP": lambda t: first_service(t)["NetworkConfiguration"]["AwsvpcConfiguration"].update(
+            AssignPublicIp="ENABLED"),
+        "no rollback": lambda t: first_service(t)["DeploymentConfiguration"]["DeploymentCircuitBreaker"].update(
+            Rollback=False),
+    }
+    for what, mutate in mutations.items():
+        bad = copy.deepcopy(ts)
+        mutate(bad)
+        quiet = Checks()
+        stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
+        try:
+            run(bad, quiet)
+        finally:
+            sys.stdout.close()
+            sys.stdout = stdout
+        assert quiet.failed > 0, f"self-test: '{what}' went unnoticed"
+
+
+def main() -> int:
+    checkov_json = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--checkov-json":
+        checkov_json = Path(sys.argv[2])
+    ts = load_templates()
+    self_test(ts)
+    c = Checks()
+    print("invariants: infra/cloudformation")
+    run(ts, c)
+    checkov_skips(c, checkov_json)
+    print(f"invariants: {c.passed} passed, {c.failed} failed")
+    return 1 if c.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

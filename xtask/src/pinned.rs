@@ -1,0 +1,767 @@
+//! `cargo xtask pinned -- <command...>`: run a command at the production task's shape without
+//! Docker: in a fresh cgroup with a CPU quota (0.25 core) and a memory limit (512 MiB, no swap).
+//!
+//! Works with cgroup v1 (`cpu.cfs_quota_us`/`cpu.cfs_period_us`, `memory.limit_in_bytes`,
+//! `memory.memsw.limit_in_bytes`) or v2 (`cpu.max`, `memory.max`, `memory.swap.max`), whichever
+//! the host mounts. The limits are read back before the command starts; at the end the cgroup's
+//! throttling counters and peak memory are printed and the cgroup is removed (also on Ctrl-C and
+//! SIGTERM, which are forwarded to the command's process group).
+//!
+//! The cgroup is created inside the caller's own cgroup where the hierarchy allows it, so that
+//! whatever already limits or accounts for the caller still does.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+/// Prefix of every cgroup this runner creates; the suffix is `<runner pid>-<sequence>`.
+const PREFIX: &str = "breakwater-pinned-";
+/// The kernel refuses CFS quotas below one millisecond.
+const MIN_QUOTA_US: u64 = 1_000;
+
+/// Options of `cargo xtask pinned`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PinnedArgs {
+    /// CPU quota in cores (decimal, up to three places): 0.25 is a Fargate task of 256 CPU units.
+    #[arg(long, default_value = "0.25", value_parser = parse_cpus)]
+    cpus: Millicores,
+    /// Memory limit: bytes, or with a K, M or G suffix (binary units: 512M is 512 MiB). Swap is
+    /// limited to nothing, as on Fargate.
+    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    memory: u64,
+    /// The CFS period in microseconds (the quota is this times `--cpus`).
+    #[arg(long, default_value_t = 100_000)]
+    period_us: u64,
+    /// The command and its arguments (after `--`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// A CPU amount in thousandths of a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Millicores(u64);
+
+impl fmt::Display for Millicores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let frac = format!("{:03}", self.0 % 1000);
+        let frac = frac.trim_end_matches('0');
+        if frac.is_empty() { write!(f, "{}", self.0 / 1000) } else { write!(f, "{}.{frac}", self.0 / 1000) }
+    }
+}
+
+/// Parses `0.25`, `1`, `1.5` (cores) exactly, without floating point.
+pub(crate) fn parse_cpus(s: &str) -> Result<Millicores, String> {
+    let bad = || format!("`{s}` is not a CPU amount (cores, e.g. 0.25)");
+    let (int, frac) = s.trim().split_once('.').unwrap_or((s.trim(), ""));
+    if (int.is_empty() && frac.is_empty()) || frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let int: u64 = if int.is_empty() { 0 } else { int.parse().map_err(|_| bad())? };
+    let frac: u64 = if frac.is_empty() { 0 } else { format!("{frac:0<3}").parse().map_err(|_| bad())? };
+    let millis = int.checked_mul(1000).and_then(|m| m.checked_add(frac)).ok_or_else(bad)?;
+    if millis == 0 {
+        return Err("the CPU quota must be above zero".into());
+    }
+    Ok(Millicores(millis))
+}
+
+/// Parses `536870912`, `512M`, `512MiB`, `64k`, `1G` (binary units).
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    let bad = || format!("`{s}` is not a size (bytes, or with a K, M or G suffix)");
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let num: u64 = num.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(bad()),
+    };
+    let bytes = num.checked_mul(1 << shift).ok_or_else(bad)?;
+    if bytes < 1 << 20 {
+        return Err("the memory limit must be at least 1 MiB".into());
+    }
+    Ok(bytes)
+}
+
+/// What the cgroup enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// CPU time allowed per period, in microseconds.
+    pub(crate) quota_us: u64,
+    /// The period, in microseconds.
+    pub(crate) period_us: u64,
+    /// Memory limit in bytes (swap limited to nothing beyond it).
+    pub(crate) memory_bytes: u64,
+}
+
+impl Limits {
+    /// The quota for `cpus` over `period_us`, checked against the kernel's bounds.
+    pub(crate) fn new(cpus: Millicores, period_us: u64, memory_bytes: u64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (1_000..=1_000_000).contains(&period_us),
+            "the CFS period must be between 1,000 and 1,000,000 us, not {period_us}"
+        );
+        let quota_us = period_us.checked_mul(cpus.0).context("CPU quota overflows")? / 1000;
+        anyhow::ensure!(
+            quota_us >= MIN_QUOTA_US,
+            "a quota of {cpus} cores over {period_us} us is {quota_us} us, below the kernel's 1 ms minimum"
+        );
+        // The kernel keeps whole pages.
+        Ok(Self { quota_us, period_us, memory_bytes: memory_bytes / 4096 * 4096 })
+    }
+}
+
+/// The mounted cgroup hierarchies that matter here.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Mounts {
+    /// v1 hierarchy holding the `cpu` controller.
+    pub(crate) cpu: Option<PathBuf>,
+    /// v1 hierarchy holding `cpuacct` (often the same as `cpu`).
+    pub(crate) cpuacct: Option<PathBuf>,
+    /// v1 hierarchy holding `memory`.
+    pub(crate) memory: Option<PathBuf>,
+    /// The unified (v2) hierarchy.
+    pub(crate) unified: Option<PathBuf>,
+}
+
+/// Reads `/proc/self/mounts` lines: `device mountpoint fstype options ...`.
+pub(crate) fn parse_mounts(text: &str) -> Mounts {
+    let mut m = Mounts::default();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, point, fstype, options, ..] = fields[..] else { continue };
+        let point = PathBuf::from(unescape_mount(point));
+        match fstype {
+            "cgroup2" => m.unified = m.unified.or(Some(point)),
+            "cgroup" => {
+                for opt in options.split(',') {
+                    let slot = match opt {
+                        "cpu" => &mut m.cpu,
+                        "cpuacct" => &mut m.cpuacct,
+                        "memory" => &mut m.memory,
+                        _ => continue,
+                    };
+                    if slot.is_none() {
+                        *slot = Some(point.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
+/// `/proc/self/mounts` escapes spaces and a few other bytes as octal (`\040`).
+fn unescape_mount(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let value = b[i + 1..i + 4].iter().fold(0u16, |acc, d| acc * 8 + u16::from(d - b'0'));
+            out.push(u8::try_from(value).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The calling process's cgroup path in the hierarchy holding `controller` (`""` for v2),
+/// from `/proc/self/cgroup` lines `id:controllers:path`.
+pub(crate) fn own_cgroup<'a>(proc_cgroup: &'a str, controller: &str) -> Option<&'a str> {
+    proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        hit.then_some(path)
+    })
+}
+
+/// A flat-keyed file such as `cpu.stat` or `memory.events`: `key value` per line.
+pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// `cpu.max` (v2): `quota period`, where the quota may be `max`.
+pub(crate) fn parse_cpu_max(text: &str) -> Option<(Option<u64>, u64)> {
+    let mut parts = text.split_whitespace();
+    let quota = parts.next()?;
+    let period = parts.next()?.parse().ok()?;
+    let quota = if quota == "max" { None } else { Some(quota.parse().ok()?) };
+    Some((quota, period))
+}
+
+/// What the cgroup counted while the command ran.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stats {
+    /// CFS periods in which the group was runnable.
+    pub(crate) nr_periods: u64,
+    /// Periods in which it used up its quota and was throttled.
+    pub(crate) nr_throttled: u64,
+    /// Total time throttled, in microseconds.
+    pub(crate) throttled_us: u64,
+    /// CPU time used, in microseconds, when the hierarchy counts it.
+    pub(crate) usage_us: Option<u64>,
+    /// Peak memory, in bytes, when the kernel records it.
+    pub(crate) peak_bytes: Option<u64>,
+    /// Times the memory limit was hit (v1 `failcnt`, v2 `max` events).
+    pub(crate) limit_hits: Option<u64>,
+    /// Processes killed by the OOM killer inside the group.
+    pub(crate) oom_kills: Option<u64>,
+}
+
+impl Stats {
+    /// Share of periods that ended throttled.
+    pub(crate) fn throttled_ratio(&self) -> f64 {
+        if self.nr_periods == 0 { 0.0 } else { self.nr_throttled as f64 / self.nr_periods as f64 }
+    }
+}
+
+/// Reads `cpu.stat` of either version: v1 counts throttled time in ns, v2 in us.
+pub(crate) fn parse_cpu_stat(text: &str) -> Stats {
+    let throttled_us =
+        keyed(text, "throttled_usec").or_else(|| keyed(text, "throttled_time").map(|ns| ns / 1000)).unwrap_or(0);
+    Stats {
+        nr_periods: keyed(text, "nr_periods").unwrap_or(0),
+        nr_throttled: keyed(text, "nr_throttled").unwrap_or(0),
+        throttled_us,
+        usage_us: keyed(text, "usage_usec"),
+        ..Stats::default()
+    }
+}
+
+/// Which interface the cgroup speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+/// A cgroup made for one run; dropping it kills what is left inside and removes it.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    version: Version,
+    /// v1: the `cpu` group; v2: the group.
+    cpu: PathBuf,
+    /// v1: the `memory` group; v2: the same group.
+    memory: PathBuf,
+    /// v1 only: a `cpuacct` group when it is a separate hierarchy.
+    cpuacct: Option<PathBuf>,
+    /// The limits read back from the kernel.
+    limits: Limits,
+}
+
+impl Pinned {
+    /// Creates the cgroup with `limits`, reads them back and fails unless they are in force.
+    pub(crate) fn create(limits: Limits) -> anyhow::Result<Self> {
+        let mounts_text = std::fs::read_to_string("/proc/self/mounts").map_err(|e| {
+            anyhow::anyhow!("cannot read /proc/self/mounts ({e}): `cargo xtask pinned` needs Linux with cgroups")
+        })?;
+        let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mounts = parse_mounts(&mounts_text);
+        // The pid names the runner (for the stale-group sweep); the counter, each group of it.
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{PREFIX}{}-{seq}", std::process::id());
+        let mut pinned = match (&mounts.cpu, &mounts.memory, &mounts.unified) {
+            (Some(cpu), Some(memory), _) => {
+                let cpu_dir = make_group(&parent_v1(cpu, &proc_cgroup, "cpu"), &name)?;
+                // From here on, `Drop` removes whatever was made.
+                let mut pinned =
+                    Self { version: Version::V1, cpu: cpu_dir, memory: PathBuf::new(), cpuacct: None, limits };
+                pinned.memory = make_group(&parent_v1(memory, &proc_cgroup, "memory"), &name)?;
+                if let Some(acct) = mounts.cpuacct.as_ref().filter(|a| *a != cpu && *a != memory) {
+                    pinned.cpuacct = Some(make_group(&parent_v1(acct, &proc_cgroup, "cpuacct"), &name)?);
+                }
+                pinned
+            }
+            (_, _, Some(unified)) => {
+                let dir = make_group_v2(unified, &proc_cgroup, &name)?;
+                Self { version: Version::V2, cpu: dir.clone(), memory: dir, cpuacct: None, limits }
+            }
+            _ => bail!(
+                "no cgroup filesystem with the cpu and memory controllers is mounted (see /proc/self/mounts): \
+                 `cargo xtask pinned` needs Linux with cgroup v1 (cpu, memory) or v2"
+            ),
+        };
+        pinned.apply()?;
+        Ok(pinned)
+    }
+
+    /// Writes the limits and reads them back.
+    fn apply(&mut self) -> anyhow::Result<()> {
+        let Limits { quota_us, period_us, memory_bytes } = self.limits;
+        match self.version {
+            Version::V1 => {
+                write(&self.cpu.join("cpu.cfs_period_us"), &period_us.to_string())?;
+                write(&self.cpu.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
+                write(&self.memory.join("memory.limit_in_bytes"), &memory_bytes.to_string())?;
+                let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    // Memory plus swap equal to memory: no swap, as on Fargate.
+                    write(&memsw, &memory_bytes.to_string())?;
+                    let swap = read_u64(&memsw)?;
+                    anyhow::ensure!(swap == memory_bytes, "memory.memsw.limit_in_bytes reads {swap}");
+                }
+                let (q, p) =
+                    (read_u64(&self.cpu.join("cpu.cfs_quota_us"))?, read_u64(&self.cpu.join("cpu.cfs_period_us"))?);
+                anyhow::ensure!(
+                    (q, p) == (quota_us, period_us),
+                    "the CPU quota reads {q}/{p} us, not {quota_us}/{period_us}"
+                );
+                let m = read_u64(&self.memory.join("memory.limit_in_bytes"))?;
+                anyhow::ensure!(m == memory_bytes, "memory.limit_in_bytes reads {m}, not {memory_bytes}");
+            }
+            Version::V2 => {
+                write(&self.cpu.join("cpu.max"), &format!("{quota_us} {period_us}"))?;
+                write(&self.memory.join("memory.max"), &memory_bytes.to_string())?;
+                let swap = self.memory.join("memory.swap.max");
+                if swap.exists() {
+                    write(&swap, "0")?;
+                    let s = read_u64(&swap)?;
+                    anyhow::ensure!(s == 0, "memory.swap.max reads {s}");
+                }
+                let text = read(&self.cpu.join("cpu.max"))?;
+                let got = parse_cpu_max(&text);
+                anyhow::ensure!(
+                    got == Some((Some(quota_us), period_us)),
+                    "cpu.max reads `{}`, not `{quota_us} {period_us}`",
+                    text.trim()
+                );
+                let m = read_u64(&self.memory.join("memory.max"))?;
+                anyhow::ensure!(m == memory_bytes, "memory.max reads {m}, not {memory_bytes}");
+            }
+        }
+        Ok(())
+    }
+
+    /// One line saying what is in force.
+    pub(crate) fn describe(&self) -> String {
+        let Limits { quota_us, period_us, memory_bytes } = self.limits;
+        let version = match self.version {
+            Version::V1 => "v1",
+            Version::V2 => "v2",
+        };
+        format!(
+            "cgroup {version} {}: cpu {quota_us}/{period_us} us ({:.3} cores), memory {} (no swap)",
+            self.cpu.display(),
+            quota_us as f64 / period_us as f64,
+            mib(memory_bytes)
+        )
+    }
+
+    /// Every group's `cgroup.procs`, which a process writes its pid to in order to join.
+    fn procs_files(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.cpu.clone()];
+        if self.memory != self.cpu {
+            dirs.push(self.memory.clone());
+        }
+        dirs.extend(self.cpuacct.clone());
+        dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// A command that joins the group and then execs `argv` (a small `sh` prologue: the child
+    /// moves itself before exec, so nothing of the command runs outside the limits). It runs in
+    /// its own process group, so that signals reach it once, forwarded by the runner.
+    pub(crate) fn command(&self, argv: &[OsString]) -> anyhow::Result<tokio::process::Command> {
+        let (program, _) = argv.split_first().context("no command given")?;
+        let mut script = String::from("for f in");
+        for f in self.procs_files() {
+            let f = f.to_str().context("cgroup path is not UTF-8")?;
+            anyhow::ensure!(!f.contains('\''), "cgroup path contains a quote: {f}");
+            script.push_str(&format!(" '{f}'"));
+        }
+        script.push_str("; do echo $$ > \"$f\" || exit 125; done; exec \"$@\"");
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg(script).arg(program).args(argv).process_group(0).kill_on_drop(false);
+        Ok(cmd)
+    }
+
+    /// The counters so far.
+    pub(crate) fn stats(&self) -> Stats {
+        let mut stats = parse_cpu_stat(&read(&self.cpu.join("cpu.stat")).unwrap_or_default());
+        match self.version {
+            Version::V1 => {
+                let acct = self.cpuacct.as_ref().unwrap_or(&self.cpu).join("cpuacct.usage");
+                stats.usage_us = read_u64(&acct).ok().map(|ns| ns / 1000);
+                stats.peak_bytes = read_u64(&self.memory.join("memory.max_usage_in_bytes")).ok();
+                // With swap limited to the memory limit, memory+swap may hit its limit first.
+                let fail = |f: &str| read_u64(&self.memory.join(f)).ok();
+                stats.limit_hits = fail("memory.failcnt").max(fail("memory.memsw.failcnt"));
+                stats.oom_kills =
+                    read(&self.memory.join("memory.oom_control")).ok().and_then(|t| keyed(&t, "oom_kill"));
+            }
+            Version::V2 => {
+                stats.peak_bytes = read_u64(&self.memory.join("memory.peak")).ok();
+                let events = read(&self.memory.join("memory.events")).unwrap_or_default();
+                stats.limit_hits = keyed(&events, "max");
+                stats.oom_kills = keyed(&events, "oom_kill");
+            }
+        }
+        stats
+    }
+
+    /// Kills whatever is left in the group and removes it; returns what could not be removed.
+    fn remove(&self) -> Vec<String> {
+        let mut dirs = vec![self.cpu.clone()];
+        if self.memory != self.cpu {
+            dirs.push(self.memory.clone());
+        }
+        dirs.extend(self.cpuacct.clone());
+        let mut failed = Vec::new();
+        for dir in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = remove_group(&dir) {
+                failed.push(format!("{}: {e}", dir.display()));
+            }
+        }
+        failed
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        for failure in self.remove() {
+            eprintln!("pinned: could not remove cgroup {failure} (remove it with rmdir)");
+        }
+    }
+}
+
+/// Where to nest in a v1 hierarchy: under the caller's own group.
+fn parent_v1(mount: &Path, proc_cgroup: &str, controller: &str) -> PathBuf {
+    let own = own_cgroup(proc_cgroup, controller).unwrap_or("/").trim_start_matches('/');
+    let parent = mount.join(own);
+    if parent.is_dir() { parent } else { mount.to_path_buf() }
+}
+
+/// v2: nest under the caller's own group when it can hand cpu and memory to children (a group
+/// holding processes cannot, except the root), else under the hierarchy's root.
+fn make_group_v2(mount: &Path, proc_cgroup: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let own = mount.join(own_cgroup(proc_cgroup, "").unwrap_or("/").trim_start_matches('/'));
+    let mut last_err = None;
+    for parent in [own.as_path(), mount] {
+        let controllers = read(&parent.join("cgroup.controllers")).unwrap_or_default();
+        let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+        if !has("cpu") || !has("memory") {
+            last_err = Some(anyhow::anyhow!("{} offers no cpu and memory controllers", parent.display()));
+            continue;
+        }
+        let enabled = read(&parent.join("cgroup.subtree_control")).unwrap_or_default();
+        let on = |c: &str| enabled.split_whitespace().any(|x| x == c);
+        if (!on("cpu") || !on("memory"))
+            && let Err(e) = write(&parent.join("cgroup.subtree_control"), "+cpu +memory")
+        {
+            last_err = Some(e);
+            continue;
+        }
+        return make_group(parent, name);
+    }
+    Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no usable cgroup v2 parent")))
+        .context("cgroup v2: cannot enable the cpu and memory controllers for a child group")
+}
+
+/// Creates `parent/name` after removing empty groups left by runs that were killed outright.
+fn make_group(parent: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    remove_stale(parent);
+    let dir = parent.join(name);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => Ok(dir),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied || e.raw_os_error() == Some(30) => bail!(
+            "cannot create the cgroup {} ({e}): `cargo xtask pinned` must run as root (sudo -E cargo xtask pinned ...)",
+            dir.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("creating the cgroup {}", dir.display())),
+    }
+}
+
+/// Removes `breakwater-pinned-<pid>-<n>` groups whose runner is gone and that hold no process.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)?.split('-').next()) else { continue };
+        if Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        if read(&entry.path().join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty()) {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// Kills what is left in a group (a command's stray background processes) and removes it.
+fn remove_group(dir: &Path) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            // Busy until the killed processes are reaped.
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn read_u64(path: &Path) -> anyhow::Result<u64> {
+    let text = read(path)?;
+    text.trim().parse().with_context(|| format!("{} holds `{}`, not a number", path.display(), text.trim()))
+}
+
+fn write(path: &Path, value: &str) -> anyhow::Result<()> {
+    std::fs::write(path, value).with_context(|| format!("writing `{value}` to {}", path.display()))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// Runs the command pinned, forwards signals, reports, cleans up, and exits with its status.
+pub(crate) async fn run(args: PinnedArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let limits = Limits::new(args.cpus, args.period_us, args.memory)?;
+    // Registered before anything exists, so that Ctrl-C from now on cleans up instead of killing.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let pinned = Pinned::create(limits)?;
+    eprintln!("pinned: {}", pinned.describe());
+    eprintln!("pinned: running {}", shell_words(&args.command));
+
+    let started = Instant::now();
+    let mut child = pinned.command(&args.command)?.spawn().context("starting the command")?;
+    let group = child.id().and_then(|id| i32::try_from(id).ok()).and_then(rustix::process::Pid::from_raw);
+    let forward = |sig: rustix::process::Signal, name: &str| {
+        eprintln!("pinned: {name} received, forwarding it to the command");
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, sig);
+        }
+    };
+    let status: ExitStatus = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            _ = sigint.recv() => forward(rustix::process::Signal::INT, "SIGINT"),
+            _ = sigterm.recv() => forward(rustix::process::Signal::TERM, "SIGTERM"),
+            _ = sighup.recv() => forward(rustix::process::Signal::HUP, "SIGHUP"),
+        }
+    };
+    let elapsed = started.elapsed();
+    let stats = pinned.stats();
+    drop(pinned);
+    eprintln!("{}", report(&stats, limits, elapsed, status));
+    if status.code() == Some(125) {
+        eprintln!("pinned: exit code 125 may mean the command could not join the cgroup");
+    }
+    // Exit as the command did (128 + signal when a signal ended it, as shells do).
+    let code = status.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s));
+    std::process::exit(code.unwrap_or(1));
+}
+
+/// The end-of-run summary.
+pub(crate) fn report(stats: &Stats, limits: Limits, elapsed: Duration, status: ExitStatus) -> String {
+    let wall_us = elapsed.as_micros().max(1) as f64;
+    let mut out = format!("pinned: {status} after {:.2} s", elapsed.as_secs_f64());
+    if let Some(usage) = stats.usage_us {
+        out.push_str(&format!(
+            "\npinned: cpu used {:.2} s ({:.3} cores on average, quota {:.3})",
+            usage as f64 / 1e6,
+            usage as f64 / wall_us,
+            limits.quota_us as f64 / limits.period_us as f64
+        ));
+    }
+    out.push_str(&format!(
+        "\npinned: throttled in {} of {} periods ({:.0}%), throttled time {:.2} s (as the kernel counts it)",
+        stats.nr_throttled,
+        stats.nr_periods,
+        stats.throttled_ratio() * 100.0,
+        stats.throttled_us as f64 / 1e6,
+    ));
+    out.push_str(&format!(
+        "\npinned: memory peak {} of {}",
+        stats.peak_bytes.map_or_else(|| "unknown (no memory.peak)".into(), mib),
+        mib(limits.memory_bytes)
+    ));
+    // Some kernels count an OOM kill without a failcnt; print the count only when it says something.
+    if let Some(hits) = stats.limit_hits.filter(|h| *h > 0) {
+        out.push_str(&format!(", limit hit {hits} times"));
+    }
+    if let Some(kills) = stats.oom_kills {
+        out.push_str(&format!(", {kills} OOM kills"));
+    }
+    out
+}
+
+fn shell_words(argv: &[OsString]) -> String {
+    argv.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_parse_exactly() {
+        assert_eq!(parse_cpus("0.25"), Ok(Millicores(250)));
+        assert_eq!(parse_cpus("1"), Ok(Millicores(1000)));
+        assert_eq!(parse_cpus("1.5"), Ok(Millicores(1500)));
+        assert_eq!(parse_cpus(".5"), Ok(Millicores(500)));
+        assert_eq!(parse_cpus("0.125"), Ok(Millicores(125)));
+        for bad in ["", ".", "0", "0.0", "-1", "0.1255", "a", "1e3", "0.2x"] {
+            assert!(parse_cpus(bad).is_err(), "{bad} should not parse");
+        }
+        assert_eq!(Millicores(250).to_string(), "0.25");
+        assert_eq!(Millicores(2000).to_string(), "2");
+    }
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert_eq!(parse_bytes("2048k"), Ok(2 << 20));
+        assert_eq!(parse_bytes("536870912"), Ok(536_870_912));
+        for bad in ["", "M", "12", "1T", "-5M", "1.5G", "99999999999999999999G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn the_quota_is_the_period_times_the_cores() {
+        let l = Limits::new(Millicores(250), 100_000, 512 << 20).expect("valid");
+        assert_eq!((l.quota_us, l.period_us, l.memory_bytes), (25_000, 100_000, 512 << 20));
+        let l = Limits::new(Millicores(1500), 50_000, (1 << 20) + 100).expect("valid");
+        assert_eq!((l.quota_us, l.memory_bytes), (75_000, 1 << 20), "whole pages");
+        assert!(Limits::new(Millicores(5), 100_000, 1 << 20).is_err(), "0.5 ms is below the kernel minimum");
+        assert!(Limits::new(Millicores(250), 500, 1 << 20).is_err(), "period too short");
+    }
+
+    #[test]
+    fn mounts_find_v1_controllers_and_v2() {
+        let text = "\
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,nodev,noexec,relatime,cpu,cpuacct 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
+proc /proc proc rw 0 0";
+        let m = parse_mounts(text);
+        assert_eq!(m.cpu.as_deref(), Some(Path::new("/sys/fs/cgroup/cpu,cpuacct")));
+        assert_eq!(m.cpuacct, m.cpu);
+        assert_eq!(m.memory.as_deref(), Some(Path::new("/sys/fs/cgroup/memory")));
+        assert_eq!(m.unified.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
+        let v2 = parse_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
+        assert_eq!((v2.cpu, v2.memory), (None, None));
+        assert_eq!(v2.unified.as_deref(), Some(Path::new("/sys/fs/cgroup")));
+        assert_eq!(parse_mounts("x /a\\040b cgroup2 rw 0 0").unified.as_deref(), Some(Path::new("/a b")));
+    }
+
+    #[test]
+    fn own_cgroup_per_controller() {
+        let text = "9:name=systemd:/\n4:memory:/jobs/42\n2:cpu,cpuacct:/\n0::/user.slice/x.scope\n";
+        assert_eq!(own_cgroup(text, "memory"), Some("/jobs/42"));
+        assert_eq!(own_cgroup(text, "cpuacct"), Some("/"));
+        assert_eq!(own_cgroup(text, ""), Some("/user.slice/x.scope"));
+        assert_eq!(own_cgroup(text, "pids"), None);
+    }
+
+    #[test]
+    fn cpu_stat_of_both_versions() {
+        let v1 = "nr_periods 30\nnr_throttled 29\nthrottled_time 2250000000\nnr_bursts 0\n";
+        let s = parse_cpu_stat(v1);
+        assert_eq!((s.nr_periods, s.nr_throttled, s.throttled_us, s.usage_us), (30, 29, 2_250_000, None));
+        let v2 = "usage_usec 750000\nuser_usec 700000\nsystem_usec 50000\nnr_periods 30\nnr_throttled 29\nthrottled_usec 2250000\n";
+        let s = parse_cpu_stat(v2);
+        assert_eq!((s.nr_periods, s.nr_throttled, s.throttled_us, s.usage_us), (30, 29, 2_250_000, Some(750_000)));
+        assert!((s.throttled_ratio() - 29.0 / 30.0).abs() < 1e-9);
+        assert_eq!(parse_cpu_max("25000 100000\n"), Some((Some(25_000), 100_000)));
+        assert_eq!(parse_cpu_max("max 100000"), Some((None, 100_000)));
+        assert_eq!(keyed("low 0\nmax 3\noom_kill 1\n", "oom_kill"), Some(1));
+    }
+
+    /// Needs root and a cgroup filesystem; says why and passes otherwise.
+    fn live() -> Option<()> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: the pinned integration check needs root");
+            return None;
+        }
+        let mounts = parse_mounts(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default());
+        if mounts.unified.is_none() && (mounts.cpu.is_none() || mounts.memory.is_none()) {
+            eprintln!("skipped: no cgroup filesystem with cpu and memory controllers");
+            return None;
+        }
+        Some(())
+    }
+
+    fn run_pinned(limits: Limits, script: &str) -> (ExitStatus, Stats, Duration) {
+        let pinned = match Pinned::create(limits) {
+            Ok(p) => p,
+            Err(e) => panic!("creating the cgroup: {e:#}"),
+        };
+        let dir = pinned.cpu.clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let argv: Vec<OsString> = ["sh", "-c", script].into_iter().map(OsString::from).collect();
+        let started = Instant::now();
+        let status = rt.block_on(async { pinned.command(&argv).expect("command").status().await }).expect("runs");
+        let stats = pinned.stats();
+        drop(pinned);
+        assert!(!dir.exists(), "the cgroup is removed at the end");
+        (status, stats, started.elapsed())
+    }
+
+    #[test]
+    fn a_busy_loop_is_held_to_its_quota() {
+        if live().is_none() {
+            return;
+        }
+        let limits = Limits::new(Millicores(250), 100_000, 64 << 20).expect("valid");
+        let (status, stats, elapsed) = run_pinned(limits, "timeout 1 sh -c 'while :; do :; done'; true");
+        assert!(status.success(), "{status}");
+        assert!(stats.nr_periods >= 5, "{stats:?}");
+        assert!(stats.throttled_ratio() > 0.5, "a busy loop at 0.25 core is throttled most periods: {stats:?}");
+        if let Some(usage) = stats.usage_us {
+            let cores = usage as f64 / elapsed.as_micros() as f64;
+            assert!(cores < 0.4, "used {cores:.2} cores under a 0.25 quota");
+        }
+    }
+
+    #[test]
+    fn a_memory_hog_is_stopped_at_the_limit() {
+        if live().is_none() {
+            return;
+        }
+        let limits = Limits::new(Millicores(1000), 100_000, 32 << 20).expect("valid");
+        // `tail` keeps a line in memory until its end: 128 MiB without a newline.
+        let (status, stats, _) = run_pinned(limits, "head -c 134217728 /dev/zero | tail -n 1 > /dev/null");
+        assert!(!status.success(), "the hog must not complete under 32 MiB: {status}, {stats:?}");
+        assert!(stats.peak_bytes.is_none_or(|p| p <= 32 << 20), "{stats:?}");
+        let stopped = stats.oom_kills.unwrap_or(1) > 0 || stats.limit_hits.unwrap_or(1) > 0;
+        assert!(stopped, "the kernel reports the limit at work: {stats:?}");
+    }
+}
