@@ -1,0 +1,55 @@
+//! The throttles' cost per request: one pipelined round trip to Redis on loopback (the tenant +
+//! user script and the IP script), against the in-process fallback.
+//!
+//! `cargo bench -p breakwater-api --bench throttles` (needs Redis at `REDIS_URL`, default
+//! `redis://127.0.0.1:6379`; the Redis case is skipped when none answers).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use breakwater_api::throttle::{Limit, Limits, ThrottleSettings, Throttles};
+use breakwater_domain::{TenantId, UserId};
+use criterion::{Criterion, criterion_group, criterion_main};
+use uuid::Uuid;
+
+fn settings(prefix: &str) -> ThrottleSettings {
+    // Limits far above the benchmark's rate: every check is admitted, as in normal traffic.
+    let big = Limit { rate_per_sec: 1e9, burst: 1_000_000 };
+    ThrottleSettings {
+        enabled: true,
+        limits: Limits { tenant: big, user: big, ip: big },
+        api_tasks: 1,
+        redis_budget: Duration::from_millis(50),
+        key_prefix: prefix.to_owned(),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let tenant = TenantId(Uuid::now_v7());
+    let user = UserId(Uuid::now_v7());
+    let ip: IpAddr = [127, 0, 0, 1].into();
+    let mut group = c.benchmark_group("throttle_check");
+
+    let redis = breakwater_api::redis::pool(&url).expect("redis url");
+    let live = Throttles::new(settings(&format!("bench-{}", Uuid::now_v7())), redis.clone());
+    if rt.block_on(breakwater_api::redis::ping(&redis, Duration::from_millis(500))) {
+        group.bench_function("redis_loopback", |b| b.iter(|| rt.block_on(live.check(tenant, user, ip))));
+        assert!(!live.is_degraded(), "Redis fell back during the benchmark");
+    } else {
+        eprintln!("no Redis at {url}: skipping the Redis case");
+    }
+
+    // Nothing listens on port 1: the breaker opens after three failures, then every check is local.
+    let down = Throttles::new(settings("bench-down"), breakwater_api::redis::pool("redis://127.0.0.1:1").expect("url"));
+    for _ in 0..5 {
+        rt.block_on(down.check(tenant, user, ip));
+    }
+    assert!(down.is_degraded());
+    group.bench_function("in_process_fallback", |b| b.iter(|| rt.block_on(down.check(tenant, user, ip))));
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
