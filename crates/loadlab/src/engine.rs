@@ -19,7 +19,7 @@ use crate::client::{Http, Reply};
 use crate::procstat;
 use crate::report::{Audit, LittlesLaw, Mode, StepReport};
 use crate::sampler::Sampler;
-use crate::schedule::{Arrivals, Schedule, spawn_pacer};
+use crate::schedule::{Arrivals, Pacer, Schedule, spawn_pacer};
 use crate::stats::{Sample, StepRecorder, TenantCounts};
 use crate::tokens::Tokens;
 
@@ -38,13 +38,21 @@ pub struct Arrival {
     pub step: Arc<StepCtx>,
 }
 
+/// The default in-flight cap: far above what a healthy target needs at the rates this lab
+/// runs (10,000 req/s x 100 ms), low enough that a stalled generator cannot open thousands
+/// of connections and collapse itself.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
 /// Settings shared by every step of a run.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub arrivals: Arrivals,
+    pub pacer: Pacer,
     pub seed: u64,
-    /// Cap on requests in flight. `None` (the default) keeps the loop fully open; a cap, when
-    /// reached, is reported as generator saturation and the step is marked invalid.
+    /// Cap on requests in flight (and so on connections). Reaching it is reported as
+    /// generator saturation and marks the step invalid: the loop went partly closed. `None`
+    /// keeps the loop fully open, at the risk of the generator's own collapse (thousands of
+    /// connections opened at once) on a starved machine.
     pub max_in_flight: Option<usize>,
     /// A step whose send lag p99 exceeds this is generator-limited.
     pub max_send_lag_ms: f64,
@@ -55,8 +63,9 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             arrivals: Arrivals::Constant,
+            pacer: Pacer::Thread,
             seed: 1,
-            max_in_flight: None,
+            max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
             max_send_lag_ms: 10.0,
             timeout: Duration::from_secs(10),
         }
@@ -233,24 +242,42 @@ impl Engine {
             );
             let (ctx, tracker, handle) = (Arc::clone(&b.ctx), tracker.clone(), handle.clone());
             let mut n: u64 = i as u64;
-            pacers.push(spawn_pacer(
-                schedule,
-                b.start,
-                duration,
-                Arc::clone(&stop),
-                move |intended| {
-                    let a = Arrival {
-                        intended,
-                        n,
-                        step: Arc::clone(&ctx),
-                    };
-                    n += 1 << 40;
-                    tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
-                },
-            ));
+            let mut dispatch = move |intended: Instant| {
+                let a = Arrival {
+                    intended,
+                    n,
+                    step: Arc::clone(&ctx),
+                };
+                n += 1 << 40;
+                tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
+            };
+            match self.cfg.pacer {
+                Pacer::Thread => {
+                    let p = spawn_pacer(schedule, b.start, duration, Arc::clone(&stop), dispatch);
+                    pacers.push(tokio::task::spawn_blocking(move || p.join().unwrap_or(0)));
+                }
+                Pacer::Runtime => {
+                    let start = b.start;
+                    pacers.push(tokio::spawn(async move {
+                        let mut sent = 0;
+                        for offset in schedule {
+                            if offset >= duration {
+                                break;
+                            }
+                            let intended = start + offset;
+                            if intended > Instant::now() {
+                                tokio::time::sleep_until(intended.into()).await;
+                            }
+                            dispatch(intended);
+                            sent += 1;
+                        }
+                        sent
+                    }));
+                }
+            }
         }
         for p in pacers {
-            let _arrivals = tokio::task::spawn_blocking(move || p.join().unwrap_or(0)).await;
+            let _arrivals = p.await;
         }
         tracker.close();
         tracker.wait().await;

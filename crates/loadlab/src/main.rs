@@ -9,6 +9,7 @@ use breakwater_loadlab::compare::{Thresholds, compare};
 use breakwater_loadlab::profiles::{ProfilesFile, parse_duration};
 use breakwater_loadlab::report::{Report, StepReport, ms};
 use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+use breakwater_loadlab::schedule::Pacer;
 use breakwater_loadlab::tokens::{DEV_SECRET, Tokens};
 use breakwater_loadlab::{Arrivals, EngineConfig, html};
 use clap::{Args, Parser, Subcommand};
@@ -49,16 +50,19 @@ struct EngineArgs {
     /// Arrival process of the open loop.
     #[arg(long, value_enum, default_value_t = Arrivals::Constant)]
     arrivals: Arrivals,
+    /// What keeps time: a dedicated thread (precise) or the runtime's 1 ms timer (cheaper).
+    #[arg(long, value_enum, default_value_t = Pacer::Thread)]
+    pacer: Pacer,
     /// Seed of the arrival schedule and of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Whole-request timeout (counted as an error).
     #[arg(long, value_parser = duration, default_value = "10s")]
     timeout: Duration,
-    /// Cap on requests in flight. Unset keeps the loop open; reaching a cap marks the step
-    /// invalid (generator saturation).
-    #[arg(long)]
-    max_in_flight: Option<usize>,
+    /// Cap on requests (and connections) in flight; 0 for none. Reaching it marks the step
+    /// invalid (generator saturation: the loop went partly closed).
+    #[arg(long, default_value_t = breakwater_loadlab::engine::DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
     /// Send lag p99 above which a step is marked generator-limited.
     #[arg(long, value_parser = duration, default_value = "10ms")]
     max_send_lag: Duration,
@@ -68,8 +72,9 @@ impl EngineArgs {
     fn config(&self) -> EngineConfig {
         EngineConfig {
             arrivals: self.arrivals,
+            pacer: self.pacer,
             seed: self.seed,
-            max_in_flight: self.max_in_flight,
+            max_in_flight: (self.max_in_flight > 0).then_some(self.max_in_flight),
             max_send_lag_ms: self.max_send_lag.as_secs_f64() * 1000.0,
             timeout: self.timeout,
         }
@@ -175,10 +180,13 @@ struct RampArgs {
     /// Offered rates, comma-separated (e.g. 200,400,600).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["from", "to", "steps"])]
     rates: Vec<f64>,
+    /// First rate of an evenly spaced ramp (with --to and --steps).
     #[arg(long, requires_all = ["to", "steps"])]
     from: Option<f64>,
+    /// Last rate of the ramp.
     #[arg(long)]
     to: Option<f64>,
+    /// Number of steps from --from to --to, both included.
     #[arg(long)]
     steps: Option<usize>,
     /// Length of each step.

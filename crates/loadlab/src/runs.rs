@@ -94,6 +94,7 @@ pub enum RunError {
 fn engine_json(e: &EngineConfig) -> serde_json::Value {
     serde_json::json!({
         "arrivals": e.arrivals,
+        "pacer": e.pacer,
         "seed": e.seed,
         "max_in_flight": e.max_in_flight,
         "max_send_lag_ms": e.max_send_lag_ms,

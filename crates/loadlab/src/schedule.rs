@@ -23,6 +23,19 @@ pub enum Arrivals {
     Poisson,
 }
 
+/// What keeps the open loop's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Pacer {
+    /// A dedicated OS thread sleeping to each intended time: tens of microseconds of send
+    /// lag, one wake-up per arrival.
+    #[default]
+    Thread,
+    /// A task on the runtime using tokio's timer (1 ms wheel): arrivals go out in per-tick
+    /// batches, up to ~1 ms late, for less CPU per request (as oha and k6 pace).
+    Runtime,
+}
+
 /// An endless sequence of arrival offsets from the step's start.
 #[derive(Debug)]
 pub struct Schedule {
