@@ -21,6 +21,10 @@ use clap::{Args, Parser, Subcommand};
     about = "Open-loop load generator: finds the knee, the capacity and the refusals"
 )]
 struct Cli {
+    /// Runtime worker threads (default: one per core). Fewer threads mean fewer wake-ups per
+    /// request when the generator shares a small machine with its target.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -510,10 +514,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loadlab: cannot start the runtime: {e}");

@@ -28,7 +28,7 @@ pub enum Arrivals {
 #[serde(rename_all = "snake_case")]
 pub enum Pacer {
     /// A dedicated OS thread sleeping to each intended time: tens of microseconds of send
-    /// lag, one wake-up per arrival.
+    /// lag at low rates, at most one wake-up per 250 us at high ones.
     #[default]
     Thread,
     /// A task on the runtime using tokio's timer (1 ms wheel): arrivals go out in per-tick
@@ -85,9 +85,14 @@ impl Iterator for Schedule {
     }
 }
 
+/// The pacer thread's shortest sleep. At high rates it wakes at most once per quantum and
+/// sends everything then due, instead of once per arrival: at 10,000 req/s that halves its
+/// wake-ups (and the runtime's) for at most this much added send lag.
+pub const PACER_QUANTUM: Duration = Duration::from_micros(250);
+
 /// Runs `on_arrival` at each intended instant in `[start, start + duration)` on its own OS
 /// thread. `std::thread::sleep` overshoots by tens of microseconds, against tokio's
-/// millisecond timer wheel, which is why the pacer is not a tokio task. Returns the number of
+/// millisecond timer wheel, which is why this pacer is not a tokio task. Returns the number of
 /// arrivals dispatched.
 pub fn spawn_pacer<F>(
     schedule: Schedule,
@@ -103,6 +108,7 @@ where
         .name("loadlab-pacer".into())
         .spawn(move || {
             let mut sent = 0;
+            let mut last_wake = Instant::now();
             for offset in schedule {
                 if offset >= duration || stop.load(Ordering::Relaxed) {
                     break;
@@ -110,7 +116,9 @@ where
                 let intended = start + offset;
                 let now = Instant::now();
                 if intended > now {
-                    std::thread::sleep(intended - now);
+                    let wake = intended.max(last_wake + PACER_QUANTUM);
+                    std::thread::sleep(wake - now);
+                    last_wake = Instant::now();
                 }
                 on_arrival(intended);
                 sent += 1;

@@ -27,7 +27,6 @@ pub struct Urls {
 impl Workload for Urls {
     fn arrive(self: Arc<Self>, a: Arrival) -> BoxFuture {
         Box::pin(async move {
-            let mut rng = rng_for(&a);
             let Some(url) = self
                 .urls
                 .get(usize::try_from(a.n % self.urls.len().max(1) as u64).unwrap_or(0))
@@ -35,7 +34,9 @@ impl Workload for Urls {
                 return;
             };
             let mut req = Req::get(url.clone(), "url");
-            req.tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
+            if !a.step.tokens.is_empty() {
+                req.tenant = a.step.tokens.pick(&mut rng_for(&a)).map(|(i, _)| i);
+            }
             a.step.request(a.intended, req).await;
         })
     }

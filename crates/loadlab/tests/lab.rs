@@ -430,14 +430,14 @@ async fn the_open_loop_keeps_its_rate_against_a_fast_server() {
     // A generous functional bound; the accuracy figures are in docs/PERFORMANCE.md.
     let srv = common::start(SERVICE).await;
     let report = runs::ramp(
-        &ramp_cfg(vec![srv.url("/fast")], vec![2000.0], Duration::from_secs(1)),
+        &ramp_cfg(vec![srv.url("/fast")], vec![500.0], Duration::from_secs(1)),
         Tokens::none(),
         None,
     )
     .await;
     let s = &report.steps[0];
-    assert_eq!(s.sent, 2000);
-    assert!(s.achieved_rps > 1400.0, "{}", s.achieved_rps);
+    assert_eq!(s.sent, 500);
+    assert!(s.achieved_rps > 350.0, "{}", s.achieved_rps);
     assert!(s.send_lag.p99_ms < 50.0, "{}", s.send_lag.p99_ms);
     assert!(s.audit.cpu_us_per_request.is_some_and(|c| c > 0.0));
     assert!(s.audit.connections_opened >= 1);
