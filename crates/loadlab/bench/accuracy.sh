@@ -3,6 +3,7 @@
 # (`cargo install oha --locked`), alternating rounds so both see the same machine.
 #
 #   crates/loadlab/bench/accuracy.sh [RATE] [SECONDS] [ROUNDS]
+#   LOADLAB_ARGS="--max-in-flight 50" crates/loadlab/bench/accuracy.sh 10000 10 3
 #
 # Traffic goes only to 127.0.0.1, to a server this script starts on a free port and stops.
 # Needs python3 to read the JSON. Prints one row per tool and round.
@@ -44,10 +45,11 @@ print(f"{tool:<8} {rnd:>5} {row[0]:>10.1f} {row[1]:>9.3f} {row[2]:>9.3f} {row[3]
 PY
 }
 
-echo "rate $RATE/s for ${SECS}s against $URL, $ROUNDS rounds"
+echo "rate $RATE/s for ${SECS}s against $URL, $ROUNDS rounds, loadlab flags: ${LOADLAB_ARGS:-none}"
 printf "%-8s %5s %10s %9s %9s %9s %9s %6s %6s %8s %5s\n" tool round achieved p50_ms p99_ms p99unc lag_p99 conns errors cpu_us load1
 for r in $(seq "$ROUNDS"); do
-  /usr/bin/time -f "%U %S" -o "$TMP/ll.time" target/release/loadlab ramp --url "$URL" \
+  # shellcheck disable=SC2086 # LOADLAB_ARGS is a list of flags
+  /usr/bin/time -f "%U %S" -o "$TMP/ll.time" target/release/loadlab ramp --url "$URL" ${LOADLAB_ARGS:-} \
     --rates "$RATE" --step "${SECS}s" --pid "$SPID" --out "$TMP/ll.json" --quiet >/dev/null
   row loadlab "$r" "$TMP/ll.json" "$TMP/ll.time"
   sleep 2

@@ -38,10 +38,11 @@ pub struct Arrival {
     pub step: Arc<StepCtx>,
 }
 
-/// The default in-flight cap: far above what a healthy target needs at the rates this lab
-/// runs (10,000 req/s x 100 ms), low enough that a stalled generator cannot open thousands
-/// of connections and collapse itself.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+/// The default in-flight cap. A healthy target needs far fewer (10,000 req/s x 10 ms = 100),
+/// and a generator starved of CPU that may open thousands of connections at once makes itself
+/// slower still and collapses (measured: docs/PERFORMANCE.md). Raise it with
+/// `--max-in-flight` for targets whose latency x rate is higher; reaching it is reported.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
 /// Settings shared by every step of a run.
 #[derive(Debug, Clone)]

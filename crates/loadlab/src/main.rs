@@ -14,6 +14,11 @@ use breakwater_loadlab::tokens::{DEV_SECRET, Tokens};
 use breakwater_loadlab::{Arrivals, EngineConfig, html};
 use clap::{Args, Parser, Subcommand};
 
+/// glibc's allocator grew and trimmed its per-thread heaps about once per request under
+/// bursty open-loop traffic (one `mprotect` each); mimalloc does not.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "loadlab",
