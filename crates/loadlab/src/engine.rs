@@ -235,6 +235,7 @@ impl Engine {
         let tracker = TaskTracker::new();
         let stop = Arc::new(AtomicBool::new(false));
         let mut pacers = Vec::new();
+        let n_streams = streams.len().max(1) as u64;
         for (i, (rate, workload)) in streams.into_iter().enumerate() {
             let schedule = Schedule::new(
                 self.cfg.arrivals,
@@ -242,6 +243,8 @@ impl Engine {
                 b.ctx.seed.wrapping_add(i as u64 * 7919),
             );
             let (ctx, tracker, handle) = (Arc::clone(&b.ctx), tracker.clone(), handle.clone());
+            // Arrival numbers interleave the streams: unique, and consecutive within a stream
+            // modulo the stream count (round-robin over URLs relies on it).
             let mut n: u64 = i as u64;
             let mut dispatch = move |intended: Instant| {
                 let a = Arrival {
@@ -249,7 +252,7 @@ impl Engine {
                     n,
                     step: Arc::clone(&ctx),
                 };
-                n += 1 << 40;
+                n += n_streams;
                 tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
             };
             match self.cfg.pacer {
@@ -309,7 +312,7 @@ impl Engine {
         for c in 0..concurrency {
             let (ctx, w) = (Arc::clone(&b.ctx), Arc::clone(&workload));
             set.spawn(async move {
-                let mut n = (c as u64) << 40;
+                let mut n = c as u64;
                 while Instant::now() < end {
                     let a = Arrival {
                         intended: Instant::now(),
@@ -317,7 +320,7 @@ impl Engine {
                         step: Arc::clone(&ctx),
                     };
                     Arc::clone(&w).arrive(a).await;
-                    n += 1;
+                    n += concurrency as u64;
                 }
             });
         }

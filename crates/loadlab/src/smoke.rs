@@ -225,11 +225,11 @@ async fn run_check(
     {
         headers.push((http::header::AUTHORIZATION, a));
     }
-    if c.method == Method::POST {
-        headers.push((
-            HeaderName::from_static("idempotency-key"),
-            HeaderValue::from_static("loadlab-smoke"),
-        ));
+    // A fresh key per run: a replayed key may answer the first run's message instead.
+    if c.method == Method::POST
+        && let Ok(key) = HeaderValue::from_str(&format!("loadlab-smoke-{}", uuid::Uuid::new_v4()))
+    {
+        headers.push((HeaderName::from_static("idempotency-key"), key));
     }
     let t0 = Instant::now();
     let r = http
