@@ -43,9 +43,7 @@ async fn queue(State(w): State<Arc<Worker>>) -> &'static str {
 
 async fn ops(State(w): State<Arc<Worker>>) -> Json<serde_json::Value> {
     let inside = w.inside.load(Ordering::Relaxed);
-    Json(
-        json!({"capacity": {"limit": 1, "in_flight": inside.min(1), "queue_depth": inside.saturating_sub(1)}}),
-    )
+    Json(json!({"capacity": {"limit": 1, "in_flight": inside.min(1), "queue_depth": inside.saturating_sub(1)}}))
 }
 
 fn main() -> std::io::Result<()> {
@@ -57,9 +55,7 @@ fn main() -> std::io::Result<()> {
         next_free: std::sync::Mutex::new(Instant::now()),
         inside: AtomicU64::new(0),
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let app = Router::new()
             .route("/", get(|| async { Json(json!({"ok": true})) }))

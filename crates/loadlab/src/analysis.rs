@@ -111,21 +111,11 @@ fn rose(value: f64, best: f64, cfg: &AnalysisConfig) -> bool {
 /// Reads one ramp. Closed-loop steps have no offered rate and are ignored.
 pub fn analyze(steps: &[StepReport], cfg: &AnalysisConfig) -> Analysis {
     let mut notes = Vec::new();
-    let invalid: Vec<String> = steps
-        .iter()
-        .filter(|s| !s.audit.valid)
-        .map(|s| s.label.clone())
-        .collect();
+    let invalid: Vec<String> = steps.iter().filter(|s| !s.audit.valid).map(|s| s.label.clone()).collect();
     if !invalid.is_empty() {
-        notes.push(format!(
-            "left out (generator-limited, see audit): {}",
-            invalid.join(", ")
-        ));
+        notes.push(format!("left out (generator-limited, see audit): {}", invalid.join(", ")));
     }
-    let pts: Vec<(&StepReport, f64)> = steps
-        .iter()
-        .filter_map(|s| usable(s).map(|r| (s, r)))
-        .collect();
+    let pts: Vec<(&StepReport, f64)> = steps.iter().filter_map(|s| usable(s).map(|r| (s, r))).collect();
 
     // The knee: the first step whose p99 rose above the best p99 before it.
     let mut knee = None;
@@ -164,18 +154,10 @@ pub fn analyze(steps: &[StepReport], cfg: &AnalysisConfig) -> Analysis {
     }
 
     // Saturation: the peak goodput, found where achieved stops tracking offered.
-    let peak = pts
-        .iter()
-        .map(|(s, _)| s.goodput_rps)
-        .fold(0.0_f64, f64::max);
-    let saturation = pts
-        .iter()
-        .find(|(s, rate)| s.goodput_rps < (1.0 - cfg.tracking_tolerance) * rate)
-        .map(|(s, rate)| Saturation {
-            throughput_rps: peak,
-            step: s.index,
-            offered_rps: *rate,
-            goodput_rps: s.goodput_rps,
+    let peak = pts.iter().map(|(s, _)| s.goodput_rps).fold(0.0_f64, f64::max);
+    let saturation =
+        pts.iter().find(|(s, rate)| s.goodput_rps < (1.0 - cfg.tracking_tolerance) * rate).map(|(s, rate)| {
+            Saturation { throughput_rps: peak, step: s.index, offered_rps: *rate, goodput_rps: s.goodput_rps }
         });
     if saturation.is_none() && !pts.is_empty() {
         notes.push(format!(
@@ -208,20 +190,10 @@ pub fn analyze(steps: &[StepReport], cfg: &AnalysisConfig) -> Analysis {
         ));
     }
 
-    let focus = saturation
-        .as_ref()
-        .map(|s| s.step)
-        .or_else(|| knee.as_ref().map(|k| k.step));
+    let focus = saturation.as_ref().map(|s| s.step).or_else(|| knee.as_ref().map(|k| k.step));
     let what_saturated = focus.map(|i| evidence(steps, i, cfg)).unwrap_or_default();
 
-    Analysis {
-        config: cfg.clone(),
-        knee,
-        saturation,
-        capacity,
-        what_saturated,
-        notes,
-    }
+    Analysis { config: cfg.clone(), knee, saturation, capacity, what_saturated, notes }
 }
 
 /// What the server's own figures say at the step where throughput stopped rising.
@@ -235,20 +207,10 @@ fn evidence(steps: &[StepReport], at: usize, cfg: &AnalysisConfig) -> Vec<String
         match cfg.server_cpus {
             Some(quota) if quota > 0.0 => {
                 let pct = cpu.mean / quota * 100.0;
-                let verdict = if pct >= 90.0 {
-                    "saturated"
-                } else {
-                    "not the limit"
-                };
-                out.push(format!(
-                    "server CPU {:.2} of {quota} cores ({pct:.0}%): {verdict}",
-                    cpu.mean
-                ));
+                let verdict = if pct >= 90.0 { "saturated" } else { "not the limit" };
+                out.push(format!("server CPU {:.2} of {quota} cores ({pct:.0}%): {verdict}", cpu.mean));
             }
-            _ => out.push(format!(
-                "server CPU {:.2} cores (mean), {:.2} (max)",
-                cpu.mean, cpu.max
-            )),
+            _ => out.push(format!("server CPU {:.2} cores (mean), {:.2} (max)", cpu.mean, cpu.max)),
         }
     }
     for (key, v) in &step.server {
@@ -264,11 +226,7 @@ fn evidence(steps: &[StepReport], at: usize, cfg: &AnalysisConfig) -> Vec<String
                 v.mean,
                 limit.mean,
                 full * 100.0,
-                if full >= 0.9 {
-                    ": admission limit reached"
-                } else {
-                    ""
-                }
+                if full >= 0.9 { ": admission limit reached" } else { "" }
             ));
         }
     }
@@ -283,23 +241,15 @@ fn evidence(steps: &[StepReport], at: usize, cfg: &AnalysisConfig) -> Vec<String
                 out.push(format!("{key} +{:.0} during the step", v.last - before));
             }
         }
-        if lower.starts_with("pool.")
-            && (lower.contains("wait") || lower.contains("pending"))
-            && v.max > 0.0
-        {
+        if lower.starts_with("pool.") && (lower.contains("wait") || lower.contains("pending")) && v.max > 0.0 {
             out.push(format!("{key} up to {:.1}: database pool contended", v.max));
         }
     }
     if !step.audit.valid {
-        out.push(format!(
-            "the generator was the limit: {}",
-            step.audit.reasons.join("; ")
-        ));
+        out.push(format!("the generator was the limit: {}", step.audit.reasons.join("; ")));
     }
     if out.is_empty() {
-        out.push(
-            "no server samples for this step (pass --ops-url and/or --pid to find out)".into(),
-        );
+        out.push("no server samples for this step (pass --ops-url and/or --pid to find out)".into());
     }
     out
 }
@@ -351,11 +301,7 @@ impl Analysis {
                 );
             }
             None => {
-                let _ = writeln!(
-                    o,
-                    "capacity: none (no step met p99 <= {})",
-                    ms(self.config.slo_p99_ms)
-                );
+                let _ = writeln!(o, "capacity: none (no step met p99 <= {})", ms(self.config.slo_p99_ms));
             }
         }
         for e in &self.what_saturated {

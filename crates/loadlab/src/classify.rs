@@ -42,10 +42,7 @@ pub fn classify(status: u16, headers: &HeaderMap, body: &[u8], expect_json: bool
                     .get(http::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|ct| ct.starts_with("application/json"));
-            if json_body
-                && !body.is_empty()
-                && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err()
-            {
+            if json_body && !body.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
                 Outcome::error("unparseable_body")
             } else if expect_json && body.is_empty() {
                 Outcome::error("empty_body")
@@ -74,10 +71,7 @@ mod tests {
     fn headers(retry: bool) -> HeaderMap {
         let mut h = HeaderMap::new();
         if retry {
-            h.insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("1"),
-            );
+            h.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
         }
         h
     }
@@ -87,38 +81,20 @@ mod tests {
         let shed = br#"{"error":{"type":"service_unavailable","code":"load_shed","recovery":{"retryable":true,"retry_after_seconds":1}}}"#;
         assert_eq!(
             classify(503, &headers(true), shed, false),
-            Outcome::Refused {
-                code: "load_shed".into(),
-                retry_after: true
-            }
+            Outcome::Refused { code: "load_shed".into(), retry_after: true }
         );
         assert_eq!(
             classify(429, &headers(false), b"", false),
-            Outcome::Refused {
-                code: "rate_limited".into(),
-                retry_after: false
-            }
+            Outcome::Refused { code: "rate_limited".into(), retry_after: false }
         );
-        assert_eq!(
-            classify(503, &headers(true), b"<html>", false),
-            Outcome::error("status_503_untyped")
-        );
-        assert_eq!(
-            classify(500, &headers(false), b"", false),
-            Outcome::error("status_500")
-        );
-        assert_eq!(
-            classify(404, &headers(false), b"", false),
-            Outcome::error("status_404")
-        );
+        assert_eq!(classify(503, &headers(true), b"<html>", false), Outcome::error("status_503_untyped"));
+        assert_eq!(classify(500, &headers(false), b"", false), Outcome::error("status_500"));
+        assert_eq!(classify(404, &headers(false), b"", false), Outcome::error("status_404"));
     }
 
     #[test]
     fn a_2xx_with_a_broken_body_is_an_error() {
-        assert_eq!(
-            classify(200, &headers(false), b"{\"items\":[", true),
-            Outcome::error("unparseable_body")
-        );
+        assert_eq!(classify(200, &headers(false), b"{\"items\":[", true), Outcome::error("unparseable_body"));
         assert_eq!(classify(200, &headers(false), b"{}", true), Outcome::Ok);
         assert_eq!(classify(200, &headers(false), b"plain", false), Outcome::Ok);
     }

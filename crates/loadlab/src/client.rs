@@ -42,10 +42,7 @@ pub struct Http {
 impl Http {
     /// `timeout` covers the whole exchange: connect, send, and reading the body.
     pub fn new(timeout: Duration) -> Self {
-        Self {
-            pool: Arc::new(Pool::default()),
-            timeout,
-        }
+        Self { pool: Arc::new(Pool::default()), timeout }
     }
 
     /// Connections opened so far (monotonic).
@@ -83,13 +80,9 @@ impl Http {
     }
 
     async fn connect(&self, authority: &str) -> Result<Sender, String> {
-        let stream = tokio::net::TcpStream::connect(authority)
-            .await
-            .map_err(|e| kind_of_io(&e))?;
+        let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| kind_of_io(&e))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| kind_of_hyper_error(&e))?;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| kind_of_hyper_error(&e))?;
         self.pool.opened.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             // Ends when the server closes or the last sender is dropped.
@@ -123,26 +116,20 @@ impl Http {
             (Some(h), None) => format!("{h}:80"),
             _ => return Err("bad_request".to_owned()),
         };
-        let host = HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str()))
-            .map_err(|_| "bad_request".to_owned())?;
-        let path: Uri = uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .parse()
-            .map_err(|_| "bad_request".to_owned())?;
+        let host =
+            HeaderValue::from_str(uri.authority().map_or("", |a| a.as_str())).map_err(|_| "bad_request".to_owned())?;
+        let path: Uri =
+            uri.path_and_query().map_or("/", |p| p.as_str()).parse().map_err(|_| "bad_request".to_owned())?;
         let build = || {
-            let mut req = Request::builder()
-                .method(method.clone())
-                .uri(path.clone())
-                .header(http::header::HOST, host.clone());
+            let mut req =
+                Request::builder().method(method.clone()).uri(path.clone()).header(http::header::HOST, host.clone());
             for (k, v) in headers {
                 req = req.header(k, v);
             }
             if body.is_some() {
                 req = req.header(http::header::CONTENT_TYPE, "application/json");
             }
-            req.body(Full::new(body.clone().unwrap_or_default()))
-                .map_err(|_| "bad_request".to_owned())
+            req.body(Full::new(body.clone().unwrap_or_default())).map_err(|_| "bad_request".to_owned())
         };
         let exchange = async {
             let (mut sender, reused) = self.checkout(&authority).await?;
@@ -152,19 +139,12 @@ impl Http {
                 // nothing was sent, so once more on a fresh connection (as browsers do).
                 Err(e) if reused && (e.is_canceled() || e.is_incomplete_message()) => {
                     sender = self.connect(&authority).await?;
-                    sender
-                        .send_request(build()?)
-                        .await
-                        .map_err(|e| kind_of_hyper_error(&e))?
+                    sender.send_request(build()?).await.map_err(|e| kind_of_hyper_error(&e))?
                 }
                 Err(e) => return Err(kind_of_hyper_error(&e)),
             };
             let (parts, body) = resp.into_parts();
-            let body = body
-                .collect()
-                .await
-                .map_err(|e| kind_of_hyper_error(&e))?
-                .to_bytes();
+            let body = body.collect().await.map_err(|e| kind_of_hyper_error(&e))?.to_bytes();
             let close = parts
                 .headers
                 .get(http::header::CONNECTION)
@@ -172,11 +152,7 @@ impl Http {
             if !close {
                 self.put_idle(&authority, sender);
             }
-            Ok(Reply {
-                status: parts.status.as_u16(),
-                headers: parts.headers,
-                body,
-            })
+            Ok(Reply { status: parts.status.as_u16(), headers: parts.headers, body })
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(r) => r,

@@ -24,12 +24,7 @@ pub struct Thresholds {
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Self {
-            latency_factor: 2.0,
-            min_latency_rise_ms: 5.0,
-            throughput_drop: 1.0 / 3.0,
-            error_rise: 0.01,
-        }
+        Self { latency_factor: 2.0, min_latency_rise_ms: 5.0, throughput_drop: 1.0 / 3.0, error_rise: 0.01 }
     }
 }
 
@@ -73,15 +68,7 @@ impl Comparison {
                 Verdict::Improved => "improved",
                 Verdict::Skipped => "skipped",
             };
-            let _ = writeln!(
-                o,
-                "{:<34} {:>10} -> {:<10} {:<10} {}",
-                c.what,
-                v(c.baseline),
-                v(c.current),
-                mark,
-                c.note
-            );
+            let _ = writeln!(o, "{:<34} {:>10} -> {:<10} {:<10} {}", c.what, v(c.baseline), v(c.current), mark, c.note);
         }
         let _ = writeln!(
             o,
@@ -116,20 +103,10 @@ fn higher_better(what: String, base: Option<f64>, cur: Option<f64>, drop: f64) -
                 note: format!("x{ratio:.2} (fails below x{:.2})", 1.0 - drop),
             }
         }
-        (Some(_), None) => Check {
-            what,
-            baseline: base,
-            current: cur,
-            verdict: Verdict::Regression,
-            note: "lost".into(),
-        },
-        _ => Check {
-            what,
-            baseline: base,
-            current: cur,
-            verdict: Verdict::Skipped,
-            note: "not in baseline".into(),
-        },
+        (Some(_), None) => {
+            Check { what, baseline: base, current: cur, verdict: Verdict::Regression, note: "lost".into() }
+        }
+        _ => Check { what, baseline: base, current: cur, verdict: Verdict::Skipped, note: "not in baseline".into() },
     }
 }
 
@@ -147,24 +124,16 @@ fn lower_better(what: String, b: f64, c: f64, t: &Thresholds) -> Check {
         baseline: Some(b),
         current: Some(c),
         verdict,
-        note: format!(
-            "{} -> {} (fails above x{} and +{})",
-            ms(b),
-            ms(c),
-            t.latency_factor,
-            ms(t.min_latency_rise_ms)
-        ),
+        note: format!("{} -> {} (fails above x{} and +{})", ms(b), ms(c), t.latency_factor, ms(t.min_latency_rise_ms)),
     }
 }
 
 fn matching<'a>(s: &StepReport, cur: &'a Report) -> Option<&'a StepReport> {
     cur.steps.iter().find(|c| c.label == s.label).or_else(|| {
-        cur.steps.iter().find(|c| {
-            match (s.offered_rps, c.offered_rps, s.concurrency, c.concurrency) {
-                (Some(a), Some(b), _, _) => (a - b).abs() <= 0.01 * a.max(b),
-                (_, _, Some(a), Some(b)) => a == b,
-                _ => false,
-            }
+        cur.steps.iter().find(|c| match (s.offered_rps, c.offered_rps, s.concurrency, c.concurrency) {
+            (Some(a), Some(b), _, _) => (a - b).abs() <= 0.01 * a.max(b),
+            (_, _, Some(a), Some(b)) => a == b,
+            _ => false,
         })
     })
 }
@@ -174,35 +143,14 @@ pub fn compare(base: &Report, cur: &Report, t: &Thresholds) -> Comparison {
     let mut checks = Vec::new();
     let (ba, ca) = (base.analysis.as_ref(), cur.analysis.as_ref());
     if ba.is_some() || ca.is_some() {
-        let cap = |a: Option<&crate::analysis::Analysis>| {
-            a.and_then(|a| a.capacity.as_ref()).map(|c| c.capacity_rps)
-        };
-        checks.push(higher_better(
-            "capacity (req/s)".into(),
-            cap(ba),
-            cap(ca),
-            t.throughput_drop,
-        ));
-        let sat = |a: Option<&crate::analysis::Analysis>| {
-            a.and_then(|a| a.saturation.as_ref())
-                .map(|s| s.throughput_rps)
-        };
-        checks.push(higher_better(
-            "saturation throughput (req/s)".into(),
-            sat(ba),
-            sat(ca),
-            t.throughput_drop,
-        ));
-        let knee = |a: Option<&crate::analysis::Analysis>| {
-            a.and_then(|a| a.knee.as_ref()).map(|k| k.offered_rps)
-        };
+        let cap = |a: Option<&crate::analysis::Analysis>| a.and_then(|a| a.capacity.as_ref()).map(|c| c.capacity_rps);
+        checks.push(higher_better("capacity (req/s)".into(), cap(ba), cap(ca), t.throughput_drop));
+        let sat =
+            |a: Option<&crate::analysis::Analysis>| a.and_then(|a| a.saturation.as_ref()).map(|s| s.throughput_rps);
+        checks.push(higher_better("saturation throughput (req/s)".into(), sat(ba), sat(ca), t.throughput_drop));
+        let knee = |a: Option<&crate::analysis::Analysis>| a.and_then(|a| a.knee.as_ref()).map(|k| k.offered_rps);
         if knee(ba).is_some() {
-            checks.push(higher_better(
-                "knee (offered req/s)".into(),
-                knee(ba),
-                knee(ca),
-                t.throughput_drop,
-            ));
+            checks.push(higher_better("knee (offered req/s)".into(), knee(ba), knee(ca), t.throughput_drop));
         }
     }
     for s in &base.steps {
@@ -227,18 +175,8 @@ pub fn compare(base: &Report, cur: &Report, t: &Thresholds) -> Comparison {
             continue;
         }
         if s.ok.count > 0 && c.ok.count > 0 {
-            checks.push(lower_better(
-                format!("{} p95 (ms)", s.label),
-                s.ok.corrected.p95_ms,
-                c.ok.corrected.p95_ms,
-                t,
-            ));
-            checks.push(lower_better(
-                format!("{} p99 (ms)", s.label),
-                s.ok.corrected.p99_ms,
-                c.ok.corrected.p99_ms,
-                t,
-            ));
+            checks.push(lower_better(format!("{} p95 (ms)", s.label), s.ok.corrected.p95_ms, c.ok.corrected.p95_ms, t));
+            checks.push(lower_better(format!("{} p99 (ms)", s.label), s.ok.corrected.p99_ms, c.ok.corrected.p99_ms, t));
         }
         checks.push(higher_better(
             format!("{} goodput (req/s)", s.label),
@@ -251,24 +189,10 @@ pub fn compare(base: &Report, cur: &Report, t: &Thresholds) -> Comparison {
             what: format!("{} errors (share)", s.label),
             baseline: Some(s.error_share),
             current: Some(c.error_share),
-            verdict: if rise > t.error_rise {
-                Verdict::Regression
-            } else {
-                Verdict::Ok
-            },
-            note: format!(
-                "{:+.2} points (fails above +{:.2})",
-                rise * 100.0,
-                t.error_rise * 100.0
-            ),
+            verdict: if rise > t.error_rise { Verdict::Regression } else { Verdict::Ok },
+            note: format!("{:+.2} points (fails above +{:.2})", rise * 100.0, t.error_rise * 100.0),
         });
     }
-    let regressions = checks
-        .iter()
-        .filter(|c| c.verdict == Verdict::Regression)
-        .count();
-    Comparison {
-        checks,
-        regressions,
-    }
+    let regressions = checks.iter().filter(|c| c.verdict == Verdict::Regression).count();
+    Comparison { checks, regressions }
 }

@@ -138,27 +138,14 @@ impl StepCtx {
         let actual = Instant::now();
         let now_in = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now_in, Ordering::Relaxed);
-        let result = self
-            .http
-            .send(req.method, &req.uri, &headers, req.body)
-            .await;
+        let result = self.http.send(req.method, &req.uri, &headers, req.body).await;
         let end = Instant::now();
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         let (outcome, reply) = match result {
-            Ok(r) => (
-                classify(r.status, &r.headers, &r.body, req.expect_json),
-                Some(r),
-            ),
+            Ok(r) => (classify(r.status, &r.headers, &r.body, req.expect_json), Some(r)),
             Err(kind) => (Outcome::Error { kind }, None),
         };
-        let sample = Sample {
-            intended,
-            actual,
-            end,
-            outcome: &outcome,
-            tenant: req.tenant,
-            endpoint: req.endpoint,
-        };
+        let sample = Sample { intended, actual, end, outcome: &outcome, tenant: req.tenant, endpoint: req.endpoint };
         if let Ok(mut rec) = self.rec.lock() {
             rec.record(&sample);
         }
@@ -201,23 +188,14 @@ impl Engine {
         let ctx = Arc::new(StepCtx {
             http: self.http.clone(),
             tokens: Arc::clone(&self.tokens),
-            seed: self
-                .cfg
-                .seed
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add(index as u64),
+            seed: self.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64),
             rec: Mutex::new(StepRecorder::new()),
             in_flight: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             cap: cap.map(|c| Arc::new(Semaphore::new(c))),
             cap_waits: AtomicU64::new(0),
         });
-        Begun {
-            ctx,
-            start: Instant::now(),
-            cpu0: procstat::cpu_seconds(None),
-            conns0: self.http.connections_opened(),
-        }
+        Begun { ctx, start: Instant::now(), cpu0: procstat::cpu_seconds(None), conns0: self.http.connections_opened() }
     }
 
     /// One open-loop step: each stream is (arrivals per second, what an arrival does).
@@ -237,21 +215,13 @@ impl Engine {
         let mut pacers = Vec::new();
         let n_streams = streams.len().max(1) as u64;
         for (i, (rate, workload)) in streams.into_iter().enumerate() {
-            let schedule = Schedule::new(
-                self.cfg.arrivals,
-                rate,
-                b.ctx.seed.wrapping_add(i as u64 * 7919),
-            );
+            let schedule = Schedule::new(self.cfg.arrivals, rate, b.ctx.seed.wrapping_add(i as u64 * 7919));
             let (ctx, tracker, handle) = (Arc::clone(&b.ctx), tracker.clone(), handle.clone());
             // Arrival numbers interleave the streams: unique, and consecutive within a stream
             // modulo the stream count (round-robin over URLs relies on it).
             let mut n: u64 = i as u64;
             let mut dispatch = move |intended: Instant| {
-                let a = Arrival {
-                    intended,
-                    n,
-                    step: Arc::clone(&ctx),
-                };
+                let a = Arrival { intended, n, step: Arc::clone(&ctx) };
                 n += n_streams;
                 tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
             };
@@ -285,15 +255,7 @@ impl Engine {
         }
         tracker.close();
         tracker.wait().await;
-        self.finish(
-            index,
-            label,
-            Mode::Open,
-            Some(offered_rps),
-            None,
-            duration,
-            &b,
-        )
+        self.finish(index, label, Mode::Open, Some(offered_rps), None, duration, &b)
     }
 
     /// One closed-loop step: `concurrency` callers, each sending its next request as soon as
@@ -314,26 +276,14 @@ impl Engine {
             set.spawn(async move {
                 let mut n = c as u64;
                 while Instant::now() < end {
-                    let a = Arrival {
-                        intended: Instant::now(),
-                        n,
-                        step: Arc::clone(&ctx),
-                    };
+                    let a = Arrival { intended: Instant::now(), n, step: Arc::clone(&ctx) };
                     Arc::clone(&w).arrive(a).await;
                     n += concurrency as u64;
                 }
             });
         }
         while set.join_next().await.is_some() {}
-        self.finish(
-            index,
-            label,
-            Mode::Closed,
-            None,
-            Some(concurrency),
-            duration,
-            &b,
-        )
+        self.finish(index, label, Mode::Closed, None, Some(concurrency), duration, &b)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -354,21 +304,13 @@ impl Engine {
             panic!("a request task panicked while recording");
         };
         let dur_s = duration.as_secs_f64();
-        let elapsed_s = rec.last_end().map_or(dur_s, |e| {
-            e.saturating_duration_since(b.start)
-                .as_secs_f64()
-                .max(dur_s)
-        });
+        let elapsed_s = rec.last_end().map_or(dur_s, |e| e.saturating_duration_since(b.start).as_secs_f64().max(dur_s));
         let completed = rec.completed();
         let ok = rec.ok_stats();
         let refused = rec.refused_stats();
         let errors = rec.error_stats();
         let share = |n: u64| {
-            if completed == 0 {
-                0.0
-            } else {
-                n as f64 / completed as f64
-            }
+            if completed == 0 { 0.0 } else { n as f64 / completed as f64 }
         };
         let send_lag = rec.send_lag();
         let achieved_rps = completed as f64 / elapsed_s;
@@ -406,9 +348,7 @@ impl Engine {
         } else if let Some(c) = cpu_cores
             && c > 0.5 * cores as f64
         {
-            warnings.push(format!(
-                "generator CPU {c:.2} of {cores} cores: it competes with the target"
-            ));
+            warnings.push(format!("generator CPU {c:.2} of {cores} cores: it competes with the target"));
         }
         let expected = achieved_rps * rec.corrected_seconds() / completed.max(1) as f64;
         let generator = rec.busy_seconds() / elapsed_s;
@@ -436,11 +376,7 @@ impl Engine {
             cpu_cores,
             connections_opened: self.http.connections_opened().saturating_sub(b.conns0),
             peak_in_flight: ctx.peak.load(Ordering::Relaxed),
-            in_flight_cap: if mode == Mode::Open {
-                self.cfg.max_in_flight
-            } else {
-                None
-            },
+            in_flight_cap: if mode == Mode::Open { self.cfg.max_in_flight } else { None },
             cap_waits,
             littles_law: LittlesLaw {
                 expected_in_flight: expected,
@@ -517,15 +453,8 @@ impl Engine {
             })
             .collect();
         out.sort_by_key(|t| std::cmp::Reverse(t.sent));
-        let admitted: Vec<f64> = out
-            .iter()
-            .map(|t| t.ok as f64 / t.sent.max(1) as f64)
-            .collect();
-        let fairness = if out.len() > 1 {
-            crate::report::jain(&admitted)
-        } else {
-            None
-        };
+        let admitted: Vec<f64> = out.iter().map(|t| t.ok as f64 / t.sent.max(1) as f64).collect();
+        let fairness = if out.len() > 1 { crate::report::jain(&admitted) } else { None };
         (out, fairness)
     }
 }

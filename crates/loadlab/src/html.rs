@@ -11,41 +11,26 @@ use crate::report::{Report, StepReport};
 type Series = (String, RGBColor, Vec<(f64, f64)>);
 
 fn x_of(s: &StepReport) -> f64 {
-    s.offered_rps
-        .or(s.concurrency.map(|c| c as f64))
-        .unwrap_or(s.index as f64)
+    s.offered_rps.or(s.concurrency.map(|c| c as f64)).unwrap_or(s.index as f64)
 }
 
 fn x_label(r: &Report) -> &'static str {
-    if r.steps.iter().any(|s| s.offered_rps.is_some()) {
-        "offered req/s"
-    } else {
-        "concurrent callers"
-    }
+    if r.steps.iter().any(|s| s.offered_rps.is_some()) { "offered req/s" } else { "concurrent callers" }
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// One line chart as an SVG string; empty if there is nothing to draw.
 fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: bool) -> String {
-    let pts: Vec<(f64, f64)> = series
-        .iter()
-        .flat_map(|s| s.2.iter().copied())
-        .filter(|p| p.0.is_finite() && p.1.is_finite())
-        .collect();
+    let pts: Vec<(f64, f64)> =
+        series.iter().flat_map(|s| s.2.iter().copied()).filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
     if pts.is_empty() {
         return String::new();
     }
-    let (mut x0, mut x1) = pts
-        .iter()
-        .fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
-    let (mut y0, mut y1) = pts
-        .iter()
-        .fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.1), a.1.max(p.1)));
+    let (mut x0, mut x1) = pts.iter().fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
+    let (mut y0, mut y1) = pts.iter().fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.1), a.1.max(p.1)));
     if x1 <= x0 {
         x0 -= 1.0;
         x1 += 1.0;
@@ -62,25 +47,16 @@ fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: bool
         let root = SVGBackend::with_string(&mut svg, (760, 360)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut b = ChartBuilder::on(&root);
-        b.caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(64);
+        b.caption(title, ("sans-serif", 18)).margin(12).x_label_area_size(40).y_label_area_size(64);
         macro_rules! draw {
             ($chart:expr) => {{
                 let mut c = $chart;
-                c.configure_mesh()
-                    .x_desc(x_desc)
-                    .y_desc(y_desc)
-                    .light_line_style(WHITE.mix(0.0))
-                    .draw()?;
+                c.configure_mesh().x_desc(x_desc).y_desc(y_desc).light_line_style(WHITE.mix(0.0)).draw()?;
                 for (name, color, data) in series {
                     let color = *color;
                     c.draw_series(LineSeries::new(data.iter().copied(), color.stroke_width(2)))?
                         .label(name.as_str())
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                        });
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
                     c.draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
                 }
                 c.configure_series_labels()
@@ -100,10 +76,7 @@ fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: bool
     })();
     match drawn {
         Ok(()) => svg,
-        Err(e) => format!(
-            "<p>chart {title:?} could not be drawn: {}</p>",
-            escape(&e.to_string())
-        ),
+        Err(e) => format!("<p>chart {title:?} could not be drawn: {}</p>", escape(&e.to_string())),
     }
 }
 
@@ -117,10 +90,7 @@ const PALETTE: [RGBColor; 6] = [
 ];
 
 fn per_step(r: &Report, f: impl Fn(&StepReport) -> Option<f64>) -> Vec<(f64, f64)> {
-    r.steps
-        .iter()
-        .filter_map(|s| f(s).map(|y| (x_of(s), y)))
-        .collect()
+    r.steps.iter().filter_map(|s| f(s).map(|y| (x_of(s), y))).collect()
 }
 
 /// Renders the report as one HTML page.
@@ -132,70 +102,28 @@ pub fn render(r: &Report) -> String {
         xl,
         "ms (log)",
         &[
-            (
-                "p50".into(),
-                PALETTE[0],
-                per_step(r, |s| pos(s.ok.corrected.p50_ms)),
-            ),
-            (
-                "p95".into(),
-                PALETTE[1],
-                per_step(r, |s| pos(s.ok.corrected.p95_ms)),
-            ),
-            (
-                "p99".into(),
-                PALETTE[2],
-                per_step(r, |s| pos(s.ok.corrected.p99_ms)),
-            ),
-            (
-                "p99 uncorrected".into(),
-                PALETTE[4],
-                per_step(r, |s| pos(s.ok.uncorrected.p99_ms)),
-            ),
+            ("p50".into(), PALETTE[0], per_step(r, |s| pos(s.ok.corrected.p50_ms))),
+            ("p95".into(), PALETTE[1], per_step(r, |s| pos(s.ok.corrected.p95_ms))),
+            ("p99".into(), PALETTE[2], per_step(r, |s| pos(s.ok.corrected.p99_ms))),
+            ("p99 uncorrected".into(), PALETTE[4], per_step(r, |s| pos(s.ok.uncorrected.p99_ms))),
         ],
         true,
     );
     let mut throughput_series = vec![
-        (
-            "achieved (all responses)".into(),
-            PALETTE[0],
-            per_step(r, |s| Some(s.achieved_rps)),
-        ),
-        (
-            "goodput (ok)".into(),
-            PALETTE[3],
-            per_step(r, |s| Some(s.goodput_rps)),
-        ),
+        ("achieved (all responses)".into(), PALETTE[0], per_step(r, |s| Some(s.achieved_rps))),
+        ("goodput (ok)".into(), PALETTE[3], per_step(r, |s| Some(s.goodput_rps))),
     ];
     if r.steps.iter().any(|s| s.offered_rps.is_some()) {
-        throughput_series.push((
-            "offered".into(),
-            RGBColor(150, 150, 150),
-            per_step(r, |s| s.offered_rps),
-        ));
+        throughput_series.push(("offered".into(), RGBColor(150, 150, 150), per_step(r, |s| s.offered_rps)));
     }
-    let throughput = chart(
-        "Achieved vs offered",
-        xl,
-        "req/s",
-        &throughput_series,
-        false,
-    );
+    let throughput = chart("Achieved vs offered", xl, "req/s", &throughput_series, false);
     let refusals = chart(
         "Refused and failed share",
         xl,
         "% of responses",
         &[
-            (
-                "refused".into(),
-                PALETTE[1],
-                per_step(r, |s| Some(s.refused_share * 100.0)),
-            ),
-            (
-                "errors".into(),
-                PALETTE[2],
-                per_step(r, |s| Some(s.error_share * 100.0)),
-            ),
+            ("refused".into(), PALETTE[1], per_step(r, |s| Some(s.refused_share * 100.0))),
+            ("errors".into(), PALETTE[2], per_step(r, |s| Some(s.error_share * 100.0))),
         ],
         false,
     );
@@ -212,21 +140,12 @@ pub fn render(r: &Report) -> String {
         .take(PALETTE.len())
         .enumerate()
         .map(|(i, k)| {
-            let pts = r
-                .samples
-                .iter()
-                .filter_map(|s| s.values.get(*k).map(|v| (s.t_s, *v)))
-                .collect();
+            let pts = r.samples.iter().filter_map(|s| s.values.get(*k).map(|v| (s.t_s, *v))).collect();
             ((*k).clone(), PALETTE[i], pts)
         })
         .collect();
-    let server = chart(
-        "Server limit and in-flight over time",
-        "seconds since start",
-        "requests",
-        &server_series,
-        false,
-    );
+    let server =
+        chart("Server limit and in-flight over time", "seconds since start", "requests", &server_series, false);
 
     let mut h = String::new();
     let _ = write!(
@@ -249,11 +168,7 @@ pub fn render(r: &Report) -> String {
         r.generator.cores
     );
     if let Some(a) = &r.analysis {
-        let _ = write!(
-            h,
-            "<h2>Reading the curve</h2><pre>{}</pre>",
-            escape(&a.describe())
-        );
+        let _ = write!(h, "<h2>Reading the curve</h2><pre>{}</pre>", escape(&a.describe()));
     }
     let _ = write!(h, "<h2>Steps</h2><pre>{}</pre>", escape(&r.table()));
     for svg in [&latency, &throughput, &refusals, &server] {

@@ -20,11 +20,7 @@ use clap::{Args, Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "loadlab",
-    version,
-    about = "Open-loop load generator: finds the knee, the capacity and the refusals"
-)]
+#[command(name = "loadlab", version, about = "Open-loop load generator: finds the knee, the capacity and the refusals")]
 struct Cli {
     /// Runtime worker threads (default: one per core). Fewer threads mean fewer wake-ups per
     /// request when the generator shares a small machine with its target.
@@ -128,11 +124,7 @@ struct SamplingArgs {
 
 impl SamplingArgs {
     fn config(&self) -> Sampling {
-        Sampling {
-            ops_url: self.ops_url.clone(),
-            pid: self.pid,
-            interval: self.sample_interval,
-        }
+        Sampling { ops_url: self.ops_url.clone(), pid: self.pid, interval: self.sample_interval }
     }
 }
 
@@ -312,10 +304,7 @@ struct ReportArgs {
 }
 
 fn progress_line(s: &StepReport) {
-    let what = s.offered_rps.map_or_else(
-        || format!("c={}", s.concurrency.unwrap_or(0)),
-        |r| format!("{r:.0}/s"),
-    );
+    let what = s.offered_rps.map_or_else(|| format!("c={}", s.concurrency.unwrap_or(0)), |r| format!("{r:.0}/s"));
     eprintln!(
         "step {:>2} {:<14} {:>9} achieved {:>8.1}/s goodput {:>8.1}/s p50 {:>8} p99 {:>8} refused {:>5.1}% errors {:>5} {}",
         s.index,
@@ -327,11 +316,7 @@ fn progress_line(s: &StepReport) {
         ms(s.ok.corrected.p99_ms),
         s.refused_share * 100.0,
         s.errors.stats.count,
-        if s.audit.valid {
-            String::new()
-        } else {
-            format!("INVALID: {}", s.audit.reasons.join("; "))
-        }
+        if s.audit.valid { String::new() } else { format!("INVALID: {}", s.audit.reasons.join("; ")) }
     );
 }
 
@@ -353,15 +338,9 @@ fn rates(a: &RampArgs) -> anyhow::Result<Vec<f64>> {
         return Ok(a.rates.clone());
     }
     match (a.from, a.to, a.steps) {
-        (Some(f), Some(t), Some(n)) if n >= 1 => Ok((0..n)
-            .map(|k| {
-                if n == 1 {
-                    f
-                } else {
-                    f + (t - f) * k as f64 / (n - 1) as f64
-                }
-            })
-            .collect()),
+        (Some(f), Some(t), Some(n)) if n >= 1 => {
+            Ok((0..n).map(|k| if n == 1 { f } else { f + (t - f) * k as f64 / (n - 1) as f64 }).collect())
+        }
         _ => anyhow::bail!("give --rates, or --from, --to and --steps"),
     }
 }
@@ -401,17 +380,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let capacity_rps = match (&a.capacity_from, a.capacity) {
                 (Some(p), _) => {
                     let r = Report::read_json(p)?;
-                    Some(
-                        r.analysis
-                            .and_then(|x| x.capacity)
-                            .map(|c| c.capacity_rps)
-                            .ok_or_else(|| {
-                                anyhow::anyhow!(
-                                    "{} has no measured capacity (no step met its objective)",
-                                    p.display()
-                                )
-                            })?,
-                    )
+                    Some(r.analysis.and_then(|x| x.capacity).map(|c| c.capacity_rps).ok_or_else(|| {
+                        anyhow::anyhow!("{} has no measured capacity (no step met its objective)", p.display())
+                    })?)
                 }
                 (None, c) => c,
             };
@@ -424,9 +395,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 engine: a.engine.config(),
                 analysis: a.analysis.config(),
                 sampling: Sampling {
-                    ops_url: a.sampling.ops_url.clone().or_else(|| {
-                        Some(format!("{}/v1/ops/status", a.base.trim_end_matches('/')))
-                    }),
+                    ops_url: a
+                        .sampling
+                        .ops_url
+                        .clone()
+                        .or_else(|| Some(format!("{}/v1/ops/status", a.base.trim_end_matches('/')))),
                     ..a.sampling.config()
                 },
             };
@@ -488,11 +461,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", c.table());
             }
-            return Ok(if c.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            });
+            return Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         Cmd::Report(a) => {
             let mut r = Report::read_json(&a.report)?;
@@ -500,10 +469,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let cfg = AnalysisConfig {
                     slo_p99_ms: slo.as_secs_f64() * 1000.0,
                     headroom: a.headroom,
-                    ..r.analysis
-                        .as_ref()
-                        .map(|x| x.config.clone())
-                        .unwrap_or_default()
+                    ..r.analysis.as_ref().map(|x| x.config.clone()).unwrap_or_default()
                 };
                 r.analysis = Some(analyze(&r.steps, &cfg));
             }

@@ -20,10 +20,7 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
         let mut any = false;
         for t in tasks.flatten() {
             if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat"))
-                && let Some(v) = s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|f| f.parse::<u64>().ok())
+                && let Some(v) = s.split_whitespace().next().and_then(|f| f.parse::<u64>().ok())
             {
                 ns += v;
                 any = true;

@@ -53,12 +53,7 @@ fn d_arrivals() -> Arrivals {
 
 impl Default for Defaults {
     fn default() -> Self {
-        Self {
-            reader_share: d_reader_share(),
-            think_time: d_think(),
-            pause: d_pause(),
-            arrivals: d_arrivals(),
-        }
+        Self { reader_share: d_reader_share(), think_time: d_think(), pause: d_pause(), arrivals: d_arrivals() }
     }
 }
 
@@ -147,22 +142,16 @@ impl ProfilesFile {
 
     pub fn load(path: Option<&Path>) -> Result<Self, String> {
         match path {
-            Some(p) => Self::parse(
-                &std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?,
-            ),
+            Some(p) => {
+                Self::parse(&std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?)
+            }
             None => Self::parse(DEFAULT_PROFILES),
         }
     }
 
     /// Resolves `name`: fractions of capacity become rates, durations are multiplied by
     /// `time_scale` (0.1 runs a profile ten times faster, for rehearsals and CI).
-    pub fn resolve(
-        &self,
-        name: &str,
-        capacity_rps: Option<f64>,
-        time_scale: f64,
-    ) -> Result<ResolvedProfile, String> {
+    pub fn resolve(&self, name: &str, capacity_rps: Option<f64>, time_scale: f64) -> Result<ResolvedProfile, String> {
         let p = self.profiles.get(name).ok_or_else(|| {
             let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
             format!("no profile {name:?} (known: {})", known.join(", "))
@@ -181,10 +170,7 @@ impl ProfilesFile {
         };
         let mut stages = Vec::new();
         for (i, s) in p.stages.iter().enumerate() {
-            let label = s
-                .name
-                .clone()
-                .unwrap_or_else(|| format!("{name}-{}", i + 1));
+            let label = s.name.clone().unwrap_or_else(|| format!("{name}-{}", i + 1));
             stages.push(ResolvedStage {
                 rps: rate(s.rps, s.capacity, &format!("stage {label}"))?,
                 duration: scale(parse_duration(&s.duration)?),
@@ -194,20 +180,12 @@ impl ProfilesFile {
         if let Some(r) = &p.ramp {
             let step = scale(parse_duration(&r.step)?);
             for k in 0..r.steps {
-                let x = if r.steps <= 1 {
-                    r.from
-                } else {
-                    r.from + (r.to - r.from) * k as f64 / (r.steps - 1) as f64
-                };
+                let x = if r.steps <= 1 { r.from } else { r.from + (r.to - r.from) * k as f64 / (r.steps - 1) as f64 };
                 let rps = match r.unit {
                     RampUnit::Rps => x,
                     RampUnit::Capacity => rate(None, Some(x), "its ramp")?,
                 };
-                stages.push(ResolvedStage {
-                    label: format!("{name}-{rps:.0}rps"),
-                    rps,
-                    duration: step,
-                });
+                stages.push(ResolvedStage { label: format!("{name}-{rps:.0}rps"), rps, duration: step });
             }
         }
         if stages.is_empty() {
@@ -235,22 +213,14 @@ mod tests {
         for name in ["smoke", "load", "stress", "spike", "soak", "breakpoint"] {
             let p = f.resolve(name, Some(1000.0), 1.0)?;
             assert!(!p.stages.is_empty(), "{name}");
-            assert!(
-                p.stages
-                    .iter()
-                    .all(|s| s.rps > 0.0 && s.duration > Duration::ZERO),
-                "{name}"
-            );
+            assert!(p.stages.iter().all(|s| s.rps > 0.0 && s.duration > Duration::ZERO), "{name}");
         }
         // Fractions of capacity need a capacity; absolute rates do not.
         assert!(f.resolve("load", None, 1.0).is_err());
         assert!(f.resolve("smoke", None, 1.0).is_ok());
         let stress = f.resolve("stress", Some(1000.0), 0.1)?;
         let rates: Vec<f64> = stress.stages.iter().map(|s| s.rps).collect();
-        assert!(
-            rates.windows(2).all(|w| w[0] < w[1]),
-            "a staircase: {rates:?}"
-        );
+        assert!(rates.windows(2).all(|w| w[0] < w[1]), "a staircase: {rates:?}");
         Ok(())
     }
 }

@@ -204,16 +204,11 @@ impl Report {
     }
 
     pub fn read_json(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         let r: Self = serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{} is not a loadlab report: {e}", path.display()))?;
         if r.schema != SCHEMA {
-            anyhow::bail!(
-                "{} has schema {:?}, expected {SCHEMA:?}",
-                path.display(),
-                r.schema
-            );
+            anyhow::bail!("{} has schema {:?}, expected {SCHEMA:?}", path.display(), r.schema);
         }
         Ok(r)
     }
@@ -221,13 +216,7 @@ impl Report {
     /// The terminal table: one row per step, then the reading of the curve.
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{} {} against {}",
-            self.kind_name(),
-            self.name,
-            self.target
-        );
+        let _ = writeln!(out, "{} {} against {}", self.kind_name(), self.name, self.target);
         let _ = writeln!(
             out,
             "{:<14} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>8}  audit",
@@ -250,11 +239,8 @@ impl Report {
                 (None, Some(c)) => format!("c={c}"),
                 _ => "-".into(),
             };
-            let audit = if s.audit.valid {
-                "ok".to_owned()
-            } else {
-                format!("INVALID: {}", s.audit.reasons.join("; "))
-            };
+            let audit =
+                if s.audit.valid { "ok".to_owned() } else { format!("INVALID: {}", s.audit.reasons.join("; ")) };
             let _ = writeln!(
                 out,
                 "{:<14} {:>9} {:>9.1} {:>9.1} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6.1}% {:>6} {:>8}  {}",
@@ -273,12 +259,7 @@ impl Report {
                 audit
             );
             if !s.refused.by_code.is_empty() {
-                let codes: Vec<String> = s
-                    .refused
-                    .by_code
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
+                let codes: Vec<String> = s.refused.by_code.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = writeln!(
                     out,
                     "{:<14} refused: {} (Retry-After on {}), p50 {}",
@@ -289,12 +270,7 @@ impl Report {
                 );
             }
             if !s.errors.by_kind.is_empty() {
-                let kinds: Vec<String> = s
-                    .errors
-                    .by_kind
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
+                let kinds: Vec<String> = s.errors.by_kind.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = writeln!(out, "{:<14} errors: {}", "", kinds.join(" "));
             }
             if let Some(h) = &s.audit.littles_law.hidden_queueing {
@@ -347,11 +323,7 @@ pub fn ms(v: f64) -> String {
 }
 
 fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        s.chars().take(n).collect()
-    }
+    if s.chars().count() <= n { s.to_owned() } else { s.chars().take(n).collect() }
 }
 
 /// Jain's fairness index: (sum x)^2 / (n sum x^2). 1 when every x is equal, 1/n at worst.
@@ -359,11 +331,7 @@ pub fn jain(xs: &[f64]) -> Option<f64> {
     let n = xs.len() as f64;
     let sum: f64 = xs.iter().sum();
     let sq: f64 = xs.iter().map(|x| x * x).sum();
-    if xs.is_empty() || sq == 0.0 {
-        None
-    } else {
-        Some(sum * sum / (n * sq))
-    }
+    if xs.is_empty() || sq == 0.0 { None } else { Some(sum * sum / (n * sq)) }
 }
 
 #[cfg(test)]

@@ -29,11 +29,7 @@ pub struct Sampling {
 
 impl Default for Sampling {
     fn default() -> Self {
-        Self {
-            ops_url: None,
-            pid: None,
-            interval: Duration::from_secs(1),
-        }
+        Self { ops_url: None, pid: None, interval: Duration::from_secs(1) }
     }
 }
 
@@ -102,13 +98,7 @@ fn engine_json(e: &EngineConfig) -> serde_json::Value {
     })
 }
 
-fn new_report(
-    kind: RunKind,
-    name: &str,
-    target: &str,
-    mut config: serde_json::Value,
-    engine: &EngineConfig,
-) -> Report {
+fn new_report(kind: RunKind, name: &str, target: &str, mut config: serde_json::Value, engine: &EngineConfig) -> Report {
     if let Some(o) = config.as_object_mut() {
         o.insert("engine".into(), engine_json(engine));
     }
@@ -132,12 +122,7 @@ fn new_report(
     }
 }
 
-fn finish(
-    mut report: Report,
-    engine: &Engine,
-    steps: Vec<StepReport>,
-    analysis: Option<&AnalysisConfig>,
-) -> Report {
+fn finish(mut report: Report, engine: &Engine, steps: Vec<StepReport>, analysis: Option<&AnalysisConfig>) -> Report {
     report.samples = engine.sampler.finish();
     report.analysis = analysis.map(|a| analyze(&steps, a));
     report.steps = steps;
@@ -148,18 +133,9 @@ fn finish(
 }
 
 /// Runs an open-loop ramp and reads its curve. Prints each step as it ends when `progress`.
-pub async fn ramp(
-    cfg: &RampConfig,
-    tokens: Tokens,
-    progress: Option<&(dyn Fn(&StepReport) + Sync)>,
-) -> Report {
+pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
     let start = Instant::now();
-    let sampler = Sampler::start(
-        cfg.sampling.ops_url.clone(),
-        cfg.sampling.pid,
-        cfg.sampling.interval,
-        start,
-    );
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
     let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
     let report = new_report(
         RunKind::Ramp,
@@ -168,23 +144,14 @@ pub async fn ramp(
         serde_json::to_value(cfg).unwrap_or_default(),
         &cfg.engine,
     );
-    let workload: Arc<dyn Workload> = Arc::new(Urls {
-        urls: cfg.urls.clone(),
-    });
+    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
     let mut steps = Vec::new();
     for (i, rate) in cfg.rates.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(cfg.pause).await;
         }
-        let s = engine
-            .open_step(
-                i,
-                format!("{rate:.0}/s"),
-                *rate,
-                cfg.step,
-                vec![(*rate, Arc::clone(&workload))],
-            )
-            .await;
+        let s =
+            engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.step, vec![(*rate, Arc::clone(&workload))]).await;
         if let Some(p) = progress {
             p(&s);
         }
@@ -194,18 +161,9 @@ pub async fn ramp(
 }
 
 /// Runs a closed-loop sweep: throughput, p50 and p99 per caller count.
-pub async fn sweep(
-    cfg: &SweepConfig,
-    tokens: Tokens,
-    progress: Option<&(dyn Fn(&StepReport) + Sync)>,
-) -> Report {
+pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
     let start = Instant::now();
-    let sampler = Sampler::start(
-        cfg.sampling.ops_url.clone(),
-        cfg.sampling.pid,
-        cfg.sampling.interval,
-        start,
-    );
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
     let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
     let report = new_report(
         RunKind::Sweep,
@@ -214,23 +172,13 @@ pub async fn sweep(
         serde_json::to_value(cfg).unwrap_or_default(),
         &cfg.engine,
     );
-    let workload: Arc<dyn Workload> = Arc::new(Urls {
-        urls: cfg.urls.clone(),
-    });
+    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
     let mut steps = Vec::new();
     for (i, c) in cfg.concurrency.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(cfg.pause).await;
         }
-        let s = engine
-            .closed_step(
-                i,
-                format!("{c} callers"),
-                *c,
-                cfg.step,
-                Arc::clone(&workload),
-            )
-            .await;
+        let s = engine.closed_step(i, format!("{c} callers"), *c, cfg.step, Arc::clone(&workload)).await;
         if let Some(p) = progress {
             p(&s);
         }
@@ -245,9 +193,7 @@ pub async fn smoke_only(
     tokens: &Tokens,
     timeout: Duration,
 ) -> Result<crate::report::SmokeReport, Box<SmokeFailure>> {
-    smoke(&Http::new(timeout), base, tokens)
-        .await
-        .map_err(Box::new)
+    smoke(&Http::new(timeout), base, tokens).await.map_err(Box::new)
 }
 
 /// Runs a profile: the smoke stage, then each stage of agent journeys and readers, open loop.
@@ -256,21 +202,12 @@ pub async fn profile(
     tokens: Tokens,
     progress: Option<&(dyn Fn(&StepReport) + Sync)>,
 ) -> Result<Report, RunError> {
-    let resolved: ResolvedProfile = cfg
-        .profiles
-        .resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale)
-        .map_err(RunError::Config)?;
-    let smoke_report = smoke(&Http::new(cfg.engine.timeout), &cfg.base, &tokens)
-        .await
-        .map_err(Box::new)?;
+    let resolved: ResolvedProfile =
+        cfg.profiles.resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale).map_err(RunError::Config)?;
+    let smoke_report = smoke(&Http::new(cfg.engine.timeout), &cfg.base, &tokens).await.map_err(Box::new)?;
 
     let start = Instant::now();
-    let sampler = Sampler::start(
-        cfg.sampling.ops_url.clone(),
-        cfg.sampling.pid,
-        cfg.sampling.interval,
-        start,
-    );
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
     let mut engine_cfg = cfg.engine.clone();
     engine_cfg.arrivals = resolved.arrivals;
     let engine = Engine::new(engine_cfg.clone(), tokens, sampler, start);
@@ -278,34 +215,24 @@ pub async fn profile(
     if let Some(o) = config.as_object_mut() {
         o.insert(
             "stages".into(),
-            serde_json::json!(resolved.stages.iter().map(|s| serde_json::json!({
-                "label": s.label, "rps": s.rps, "duration": humantime::format_duration(s.duration).to_string()
-            })).collect::<Vec<_>>()),
+            serde_json::json!(
+                resolved
+                    .stages
+                    .iter()
+                    .map(|s| serde_json::json!({
+                        "label": s.label, "rps": s.rps, "duration": humantime::format_duration(s.duration).to_string()
+                    }))
+                    .collect::<Vec<_>>()
+            ),
         );
         o.insert("reader_share".into(), resolved.reader_share.into());
-        o.insert(
-            "think_time".into(),
-            humantime::format_duration(resolved.think_time)
-                .to_string()
-                .into(),
-        );
+        o.insert("think_time".into(), humantime::format_duration(resolved.think_time).to_string().into());
     }
-    let mut report = new_report(
-        RunKind::Profile,
-        &cfg.profile,
-        &cfg.base,
-        config,
-        &engine_cfg,
-    );
+    let mut report = new_report(RunKind::Profile, &cfg.profile, &cfg.base, config, &engine_cfg);
     report.smoke = Some(smoke_report);
 
-    let readers: Arc<dyn Workload> = Arc::new(Readers {
-        base: cfg.base.clone(),
-    });
-    let agents: Arc<dyn Workload> = Arc::new(AgentJourney {
-        base: cfg.base.clone(),
-        think: resolved.think_time,
-    });
+    let readers: Arc<dyn Workload> = Arc::new(Readers { base: cfg.base.clone() });
+    let agents: Arc<dyn Workload> = Arc::new(AgentJourney { base: cfg.base.clone(), think: resolved.think_time });
     let mut steps = Vec::new();
     for (i, st) in resolved.stages.iter().enumerate() {
         if i > 0 && !resolved.pause.is_zero() {
@@ -313,13 +240,8 @@ pub async fn profile(
         }
         let reader_rate = st.rps * resolved.reader_share;
         let journey_rate = st.rps * (1.0 - resolved.reader_share) / AGENT_STEPS as f64;
-        let streams = vec![
-            (reader_rate, Arc::clone(&readers)),
-            (journey_rate, Arc::clone(&agents)),
-        ];
-        let s = engine
-            .open_step(i, st.label.clone(), st.rps, st.duration, streams)
-            .await;
+        let streams = vec![(reader_rate, Arc::clone(&readers)), (journey_rate, Arc::clone(&agents))];
+        let s = engine.open_step(i, st.label.clone(), st.rps, st.duration, streams).await;
         if let Some(p) = progress {
             p(&s);
         }

@@ -16,11 +16,7 @@ use crate::report::{SeriesSummary, ServerSample};
 pub fn flatten(v: &serde_json::Value) -> BTreeMap<String, f64> {
     fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
         let key = |k: &str| {
-            if prefix.is_empty() {
-                k.to_owned()
-            } else {
-                format!("{prefix}.{k}")
-            }
+            if prefix.is_empty() { k.to_owned() } else { format!("{prefix}.{k}") }
         };
         match v {
             serde_json::Value::Number(n) => {
@@ -64,12 +60,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Starts sampling every `interval`. With neither a URL nor a pid it records nothing.
-    pub fn start(
-        ops_url: Option<String>,
-        pid: Option<u32>,
-        interval: Duration,
-        run_start: Instant,
-    ) -> Self {
+    pub fn start(ops_url: Option<String>, pid: Option<u32>, interval: Duration, run_start: Instant) -> Self {
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(tokio::sync::Notify::new());
         if ops_url.is_some() || pid.is_some() {
@@ -144,16 +135,7 @@ impl Sampler {
             }
         }
         acc.into_iter()
-            .map(|(k, (sum, max, last, n))| {
-                (
-                    k,
-                    SeriesSummary {
-                        mean: sum / f64::from(n),
-                        max,
-                        last,
-                    },
-                )
-            })
+            .map(|(k, (sum, max, last, n))| (k, SeriesSummary { mean: sum / f64::from(n), max, last }))
             .collect()
     }
 
@@ -161,10 +143,7 @@ impl Sampler {
     pub fn finish(&self) -> Vec<ServerSample> {
         self.stop.notify_waiters();
         self.stop.notify_one();
-        self.shared
-            .lock()
-            .map(|g| g.samples.clone())
-            .unwrap_or_default()
+        self.shared.lock().map(|g| g.samples.clone()).unwrap_or_default()
     }
 }
 

@@ -50,19 +50,8 @@ pub struct Schedule {
 impl Schedule {
     /// `rate` in arrivals per second; a non-positive rate yields no arrivals.
     pub fn new(arrivals: Arrivals, rate: f64, seed: u64) -> Self {
-        let exp = if rate > 0.0 {
-            Exp::new(rate).ok()
-        } else {
-            None
-        };
-        Self {
-            arrivals,
-            rate,
-            rng: StdRng::seed_from_u64(seed),
-            exp,
-            n: 0,
-            t: 0.0,
-        }
+        let exp = if rate > 0.0 { Exp::new(rate).ok() } else { None };
+        Self { arrivals, rate, rng: StdRng::seed_from_u64(seed), exp, n: 0, t: 0.0 }
     }
 }
 
@@ -134,13 +123,10 @@ mod tests {
 
     #[test]
     fn constant_and_poisson_schedules_hit_the_rate() {
-        let c: Vec<_> = Schedule::new(Arrivals::Constant, 100.0, 1)
-            .take_while(|d| *d < Duration::from_secs(10))
-            .collect();
+        let c: Vec<_> =
+            Schedule::new(Arrivals::Constant, 100.0, 1).take_while(|d| *d < Duration::from_secs(10)).collect();
         assert_eq!(c.len(), 1000);
-        let p = Schedule::new(Arrivals::Poisson, 100.0, 7)
-            .take_while(|d| *d < Duration::from_secs(10))
-            .count();
+        let p = Schedule::new(Arrivals::Poisson, 100.0, 7).take_while(|d| *d < Duration::from_secs(10)).count();
         assert!((900..1100).contains(&p), "{p}");
         // Seeded: the same seed gives the same schedule.
         let a: Vec<_> = Schedule::new(Arrivals::Poisson, 50.0, 3).take(20).collect();

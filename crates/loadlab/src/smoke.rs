@@ -28,10 +28,7 @@ pub struct SmokeFailure {
 type Shape = fn(&Value) -> Result<(), String>;
 
 fn list_shape(v: &Value) -> Result<(), String> {
-    let items = v
-        .get("items")
-        .and_then(Value::as_array)
-        .ok_or("no `items` array")?;
+    let items = v.get("items").and_then(Value::as_array).ok_or("no `items` array")?;
     if !v.as_object().is_some_and(|o| o.contains_key("next_cursor")) {
         return Err("no `next_cursor` field".into());
     }
@@ -44,19 +41,11 @@ fn list_shape(v: &Value) -> Result<(), String> {
 }
 
 fn object_with_id(v: &Value) -> Result<(), String> {
-    if v.get("id").is_some() {
-        Ok(())
-    } else {
-        Err("no `id` field".into())
-    }
+    if v.get("id").is_some() { Ok(()) } else { Err("no `id` field".into()) }
 }
 
 fn any_object(v: &Value) -> Result<(), String> {
-    if v.is_object() {
-        Ok(())
-    } else {
-        Err("body is not a JSON object".into())
-    }
+    if v.is_object() { Ok(()) } else { Err("body is not a JSON object".into()) }
 }
 
 struct Check<'a> {
@@ -71,10 +60,7 @@ struct Check<'a> {
 
 /// Runs the smoke journey as the heaviest tenant (then the second, if any: two users).
 pub async fn smoke(http: &Http, base: &str, tokens: &Tokens) -> Result<SmokeReport, SmokeFailure> {
-    let mut report = SmokeReport {
-        passed: false,
-        steps: Vec::new(),
-    };
+    let mut report = SmokeReport { passed: false, steps: Vec::new() };
     let mut rng = SmallRng::seed_from_u64(7);
     let probes = [
         Check {
@@ -199,12 +185,7 @@ fn fail(report: &mut SmokeReport, step: &str, request: &str, reason: String) -> 
         ok: false,
         reason: Some(reason.clone()),
     });
-    SmokeFailure {
-        step: step.into(),
-        request: request.into(),
-        reason,
-        report: report.clone(),
-    }
+    SmokeFailure { step: step.into(), request: request.into(), reason, report: report.clone() }
 }
 
 async fn run_check(
@@ -214,11 +195,7 @@ async fn run_check(
     c: &Check<'_>,
     report: &mut SmokeReport,
 ) -> Result<Bytes, SmokeFailure> {
-    let request = format!(
-        "{} {}",
-        c.method,
-        c.path.split('?').next().unwrap_or(&c.path)
-    );
+    let request = format!("{} {}", c.method, c.path.split('?').next().unwrap_or(&c.path));
     let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
     if c.auth
         && let Some(a) = auth
@@ -237,22 +214,15 @@ async fn run_check(
             c.method.clone(),
             &format!("{base}{}", c.path),
             &headers,
-            c.body
-                .map(|b: &'static str| Bytes::from_static(b.as_bytes())),
+            c.body.map(|b: &'static str| Bytes::from_static(b.as_bytes())),
         )
         .await;
     let latency_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let verdict = match &r {
         Err(kind) => Err(format!("request failed: {kind}")),
         Ok(reply) if !c.expect.contains(&reply.status) => {
-            let snippet: String = String::from_utf8_lossy(&reply.body)
-                .chars()
-                .take(200)
-                .collect();
-            Err(format!(
-                "status {} (expected {:?}): {snippet}",
-                reply.status, c.expect
-            ))
+            let snippet: String = String::from_utf8_lossy(&reply.body).chars().take(200).collect();
+            Err(format!("status {} (expected {:?}): {snippet}", reply.status, c.expect))
         }
         Ok(reply) => match c.shape {
             None => Ok(()),
@@ -272,11 +242,6 @@ async fn run_check(
     });
     match verdict {
         Ok(()) => Ok(r.map(|r| r.body).unwrap_or_default()),
-        Err(reason) => Err(SmokeFailure {
-            step: c.name.into(),
-            request,
-            reason,
-            report: report.clone(),
-        }),
+        Err(reason) => Err(SmokeFailure { step: c.name.into(), request, reason, report: report.clone() }),
     }
 }

@@ -36,9 +36,7 @@ impl Hist {
     }
 
     pub fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros())
-            .unwrap_or(MAX_US)
-            .clamp(1, MAX_US);
+        let us = u64::try_from(d.as_micros()).unwrap_or(MAX_US).clamp(1, MAX_US);
         self.0.saturating_record(us);
     }
 
@@ -203,16 +201,13 @@ impl StepRecorder {
         let ep = self
             .endpoints
             .entry(s.endpoint)
-            .or_insert_with(|| EndpointAcc {
-                latency: Hist::coarse(),
-                ..EndpointAcc::default()
-            });
+            .or_insert_with(|| EndpointAcc { latency: Hist::coarse(), ..EndpointAcc::default() });
         ep.latency.record(corrected);
         if let Some(t) = s.tenant {
-            let acc = self.tenants.entry(t).or_insert_with(|| TenantAcc {
-                ok_latency: Hist::coarse(),
-                ..TenantAcc::default()
-            });
+            let acc = self
+                .tenants
+                .entry(t)
+                .or_insert_with(|| TenantAcc { ok_latency: Hist::coarse(), ..TenantAcc::default() });
             acc.sent += 1;
             match s.outcome {
                 Outcome::Ok => {
@@ -263,10 +258,7 @@ impl StepRecorder {
     }
 
     pub fn error_stats(&self) -> ErrorStats {
-        ErrorStats {
-            stats: self.errors.stats(),
-            by_kind: self.errors_by_kind.clone(),
-        }
+        ErrorStats { stats: self.errors.stats(), by_kind: self.errors_by_kind.clone() }
     }
 
     pub fn all_stats(&self) -> ClassStats {
@@ -283,12 +275,7 @@ impl StepRecorder {
             .map(|(k, v)| {
                 (
                     (*k).to_owned(),
-                    EndpointStats {
-                        ok: v.ok,
-                        refused: v.refused,
-                        errors: v.errors,
-                        latency: v.latency.summary(),
-                    },
+                    EndpointStats { ok: v.ok, refused: v.refused, errors: v.errors, latency: v.latency.summary() },
                 )
             })
             .collect()

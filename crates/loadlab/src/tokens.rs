@@ -52,17 +52,8 @@ struct Claims<'a> {
 /// Mints an HS256 token with the API's claims.
 pub fn mint(secret: &str, tenant_id: &str, user_id: &str, role: &str) -> anyhow::Result<String> {
     let exp = chrono::Utc::now().timestamp() + TTL_SECS;
-    let claims = Claims {
-        tenant_id,
-        sub: user_id,
-        role,
-        exp,
-    };
-    Ok(encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )?)
+    let claims = Claims { tenant_id, sub: user_id, role, exp };
+    Ok(encode(&Header::default(), &claims, &EncodingKey::from_secret(secret.as_bytes()))?)
 }
 
 /// The tenants of a run, with a weighted picker.
@@ -86,19 +77,12 @@ impl Tokens {
                 None => mint(secret, &l.tenant_id, &l.user_id, "agent")?,
             };
             let authorization = HeaderValue::from_str(&format!("Bearer {token}"))?;
-            tenants.push(Tenant {
-                tenant_id: l.tenant_id,
-                user_id: l.user_id,
-                weight: l.weight,
-                authorization,
-            });
+            tenants.push(Tenant { tenant_id: l.tenant_id, user_id: l.user_id, weight: l.weight, authorization });
         }
         let dist = if tenants.is_empty() {
             None
         } else {
-            Some(WeightedIndex::new(
-                tenants.iter().map(|t| t.weight.max(0.0)),
-            )?)
+            Some(WeightedIndex::new(tenants.iter().map(|t| t.weight.max(0.0)))?)
         };
         Ok(Self { tenants, dist })
     }
@@ -112,8 +96,8 @@ impl Tokens {
             if line.trim().is_empty() {
                 continue;
             }
-            let l: TokenLine = serde_json::from_str(line)
-                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
+            let l: TokenLine =
+                serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
             lines.push(l);
         }
         Self::from_lines(lines, secret)
@@ -156,10 +140,7 @@ impl Tokens {
 
     /// The heaviest tenant (the smoke stage runs as it).
     pub fn heaviest(&self) -> Option<(usize, &Tenant)> {
-        self.tenants
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.weight.total_cmp(&b.1.weight))
+        self.tenants.iter().enumerate().max_by(|a, b| a.1.weight.total_cmp(&b.1.weight))
     }
 }
 
@@ -188,9 +169,7 @@ mod tests {
     fn picks_follow_the_seed_skew() -> anyhow::Result<()> {
         let tokens = Tokens::synthetic(10, DEV_SECRET, 1)?;
         let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
-        let heavy = (0..10_000)
-            .filter(|_| tokens.pick(&mut rng).map(|p| p.0) == Some(0))
-            .count();
+        let heavy = (0..10_000).filter(|_| tokens.pick(&mut rng).map(|p| p.0) == Some(0)).count();
         assert!((5_200..5_800).contains(&heavy), "{heavy}");
         Ok(())
     }

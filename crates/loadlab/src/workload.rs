@@ -27,10 +27,7 @@ pub struct Urls {
 impl Workload for Urls {
     fn arrive(self: Arc<Self>, a: Arrival) -> BoxFuture {
         Box::pin(async move {
-            let Some(url) = self
-                .urls
-                .get(usize::try_from(a.n % self.urls.len().max(1) as u64).unwrap_or(0))
-            else {
+            let Some(url) = self.urls.get(usize::try_from(a.n % self.urls.len().max(1) as u64).unwrap_or(0)) else {
                 return;
             };
             let mut req = Req::get(url.clone(), "url");
@@ -54,10 +51,7 @@ impl Workload for Readers {
             let mut rng = rng_for(&a);
             let tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
             let (uri, endpoint) = if rng.random_bool(0.5) {
-                (
-                    format!("{}/v1/conversations?status=open&limit=25", self.base),
-                    "inbox",
-                )
+                (format!("{}/v1/conversations?status=open&limit=25", self.base), "inbox")
             } else {
                 (format!("{}/v1/contacts?limit=25", self.base), "contacts")
             };
@@ -113,53 +107,30 @@ impl Workload for AgentJourney {
             let mut rng = rng_for(&a);
             let tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
             let base = &self.base;
-            let req =
-                |method: Method, uri: String, endpoint: &'static str, body: Option<Bytes>| Req {
-                    method,
-                    uri,
-                    tenant,
-                    endpoint,
-                    body,
-                    expect_json: true,
-                    idempotency_key: endpoint == "reply",
-                };
+            let req = |method: Method, uri: String, endpoint: &'static str, body: Option<Bytes>| Req {
+                method,
+                uri,
+                tenant,
+                endpoint,
+                body,
+                expect_json: true,
+                idempotency_key: endpoint == "reply",
+            };
             let (o, reply) = a
                 .step
                 .request(
                     a.intended,
-                    req(
-                        Method::GET,
-                        format!("{base}/v1/conversations?status=open&limit=25"),
-                        "inbox",
-                        None,
-                    ),
+                    req(Method::GET, format!("{base}/v1/conversations?status=open&limit=25"), "inbox", None),
                 )
                 .await;
-            let Some(id) = (o == Outcome::Ok)
-                .then(|| reply.and_then(|r| pick_id(&r.body, &mut rng)))
-                .flatten()
-            else {
+            let Some(id) = (o == Outcome::Ok).then(|| reply.and_then(|r| pick_id(&r.body, &mut rng))).flatten() else {
                 return;
             };
             let reply_body = format!("{{\"body\":\"loadlab reply {}\"}}", a.n);
-            let status = if rng.random_bool(0.5) {
-                "pending"
-            } else {
-                "open"
-            };
+            let status = if rng.random_bool(0.5) { "pending" } else { "open" };
             let steps = [
-                req(
-                    Method::GET,
-                    format!("{base}/v1/conversations/{id}"),
-                    "conversation",
-                    None,
-                ),
-                req(
-                    Method::GET,
-                    format!("{base}/v1/conversations/{id}/messages?limit=50"),
-                    "messages",
-                    None,
-                ),
+                req(Method::GET, format!("{base}/v1/conversations/{id}"), "conversation", None),
+                req(Method::GET, format!("{base}/v1/conversations/{id}/messages?limit=50"), "messages", None),
                 req(
                     Method::POST,
                     format!("{base}/v1/conversations/{id}/messages"),

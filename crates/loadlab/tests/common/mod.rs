@@ -72,19 +72,11 @@ pub async fn start(service: Duration) -> TestServer {
         .route("/ready", get(|| async { "ok" }))
         .route("/v1/ops/status", get(ops_status))
         .route("/v1/conversations", get(list_conversations))
-        .route(
-            "/v1/conversations/{id}",
-            get(get_conversation).patch(patch_conversation),
-        )
-        .route(
-            "/v1/conversations/{id}/messages",
-            get(list_messages).post(post_message),
-        )
+        .route("/v1/conversations/{id}", get(get_conversation).patch(patch_conversation))
+        .route("/v1/conversations/{id}/messages", get(list_messages).post(post_message))
         .route("/v1/contacts", get(list_contacts))
         .with_state(Arc::clone(&state));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         axum::serve(listener, app).await.expect("serve");
@@ -123,18 +115,9 @@ async fn mixed(State(s): State<Arc<ServerState>>) -> Response {
         0 => Json(json!({"ok": true})).into_response(),
         1 => {
             s.shed_total.fetch_add(1, Ordering::Relaxed);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, "1")],
-                Json(envelope("load_shed")),
-            )
-                .into_response()
+            (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], Json(envelope("load_shed"))).into_response()
         }
-        2 => (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(header::RETRY_AFTER, "1")],
-            Json(envelope("rate_limited")),
-        )
+        2 => (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], Json(envelope("rate_limited")))
             .into_response(),
         3 => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
         _ => ([(header::CONTENT_TYPE, "application/json")], "{\"items\":[").into_response(),
@@ -152,17 +135,11 @@ async fn ops_status(State(s): State<Arc<ServerState>>) -> Json<serde_json::Value
 }
 
 fn authorized(h: &HeaderMap) -> bool {
-    h.get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bearer "))
+    h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("Bearer "))
 }
 
 fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        Json(json!({"error": {"type": "unauthorized", "code": "unauthorized"}})),
-    )
-        .into_response()
+    (StatusCode::UNAUTHORIZED, Json(json!({"error": {"type": "unauthorized", "code": "unauthorized"}}))).into_response()
 }
 
 async fn list_conversations(h: HeaderMap) -> Response {
@@ -170,9 +147,11 @@ async fn list_conversations(h: HeaderMap) -> Response {
         return unauthorized();
     }
     let items: Vec<_> = (1..=5)
-        .map(|i| json!({"id": format!("00000000-0000-0000-0000-00000000000{i}"), "inbox_id": "i", "contact_id": "c",
+        .map(|i| {
+            json!({"id": format!("00000000-0000-0000-0000-00000000000{i}"), "inbox_id": "i", "contact_id": "c",
                         "contact_name": "Ann", "assignee_id": null, "status": "open",
-                        "last_activity_at": "2025-01-01T00:00:00Z", "last_message_preview": "hi"}))
+                        "last_activity_at": "2025-01-01T00:00:00Z", "last_message_preview": "hi"})
+        })
         .collect();
     Json(json!({"items": items, "next_cursor": null})).into_response()
 }
@@ -184,11 +163,7 @@ async fn get_conversation(h: HeaderMap, Path(id): Path<String>) -> Response {
     Json(json!({"id": id, "status": "open"})).into_response()
 }
 
-async fn patch_conversation(
-    h: HeaderMap,
-    Path(id): Path<String>,
-    Json(b): Json<serde_json::Value>,
-) -> Response {
+async fn patch_conversation(h: HeaderMap, Path(id): Path<String>, Json(b): Json<serde_json::Value>) -> Response {
     if !authorized(&h) {
         return unauthorized();
     }
@@ -200,28 +175,16 @@ async fn list_messages(State(s): State<Arc<ServerState>>, h: HeaderMap) -> Respo
         return unauthorized();
     }
     if s.break_messages.load(Ordering::Relaxed) {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({"error": {"code": "internal"}})),
-        )
-            .into_response();
+        return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": {"code": "internal"}}))).into_response();
     }
     Json(json!({"items": [{"id": "m1", "body": "hello"}], "next_cursor": null})).into_response()
 }
 
-async fn post_message(
-    h: HeaderMap,
-    Path(id): Path<String>,
-    Json(b): Json<serde_json::Value>,
-) -> Response {
+async fn post_message(h: HeaderMap, Path(id): Path<String>, Json(b): Json<serde_json::Value>) -> Response {
     if !authorized(&h) {
         return unauthorized();
     }
-    (
-        StatusCode::CREATED,
-        Json(json!({"id": "m2", "conversation_id": id, "body": b["body"]})),
-    )
-        .into_response()
+    (StatusCode::CREATED, Json(json!({"id": "m2", "conversation_id": id, "body": b["body"]}))).into_response()
 }
 
 async fn list_contacts(h: HeaderMap) -> Response {
