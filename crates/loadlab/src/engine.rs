@@ -1,0 +1,479 @@
+//! The engine: runs one open-loop step (pacer threads dispatching arrivals at their intended
+//! times) or one closed-loop step (N callers in a loop), records every request and audits the
+//! generator.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::classify::{Outcome, classify};
+use crate::client::{Http, Reply};
+use crate::procstat;
+use crate::report::{Audit, LittlesLaw, Mode, StepReport};
+use crate::sampler::Sampler;
+use crate::schedule::{Arrivals, Pacer, Schedule, spawn_pacer};
+use crate::stats::{Sample, StepRecorder, TenantCounts};
+use crate::tokens::Tokens;
+
+pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What one arrival does: a single request, or a whole journey.
+pub trait Workload: Send + Sync + 'static {
+    fn arrive(self: Arc<Self>, arrival: Arrival) -> BoxFuture;
+}
+
+/// One arrival: when it was meant to happen, its sequence number, and the step it belongs to.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub intended: Instant,
+    pub n: u64,
+    pub step: Arc<StepCtx>,
+}
+
+/// The default in-flight cap. A healthy target needs far fewer (10,000 req/s x 10 ms = 100),
+/// and a generator starved of CPU that may open thousands of connections at once makes itself
+/// slower still and collapses (measured: docs/PERFORMANCE.md). Raise it with
+/// `--max-in-flight` for targets whose latency x rate is higher; reaching it is reported.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+/// Settings shared by every step of a run.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub arrivals: Arrivals,
+    pub pacer: Pacer,
+    pub seed: u64,
+    /// Cap on requests in flight (and so on connections). Reaching it is reported as
+    /// generator saturation and marks the step invalid: the loop went partly closed. `None`
+    /// keeps the loop fully open, at the risk of the generator's own collapse (thousands of
+    /// connections opened at once) on a starved machine.
+    pub max_in_flight: Option<usize>,
+    /// A step whose send lag p99 exceeds this is generator-limited.
+    pub max_send_lag_ms: f64,
+    pub timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            arrivals: Arrivals::Constant,
+            pacer: Pacer::Thread,
+            seed: 1,
+            max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
+            max_send_lag_ms: 10.0,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A request to make.
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub method: Method,
+    pub uri: String,
+    pub tenant: Option<usize>,
+    pub endpoint: &'static str,
+    pub body: Option<Bytes>,
+    pub expect_json: bool,
+    pub idempotency_key: bool,
+}
+
+impl Req {
+    pub fn get(uri: String, endpoint: &'static str) -> Self {
+        Self {
+            method: Method::GET,
+            uri,
+            tenant: None,
+            endpoint,
+            body: None,
+            expect_json: false,
+            idempotency_key: false,
+        }
+    }
+}
+
+/// The state of one step, shared by every request in it.
+#[derive(Debug)]
+pub struct StepCtx {
+    pub http: Http,
+    pub tokens: Arc<Tokens>,
+    pub seed: u64,
+    rec: Mutex<StepRecorder>,
+    in_flight: AtomicU64,
+    peak: AtomicU64,
+    cap: Option<Arc<Semaphore>>,
+    cap_waits: AtomicU64,
+}
+
+impl StepCtx {
+    /// Sends one request (after waiting for a slot, if a cap is set), classifies and records
+    /// it. Latency is measured from `intended`, and also from the actual send.
+    pub async fn request(&self, intended: Instant, req: Req) -> (Outcome, Option<Reply>) {
+        let _permit = match &self.cap {
+            Some(cap) => match Arc::clone(cap).try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    self.cap_waits.fetch_add(1, Ordering::Relaxed);
+                    Arc::clone(cap).acquire_owned().await.ok()
+                }
+            },
+            None => None,
+        };
+        let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(2);
+        if let Some(t) = req.tenant.and_then(|i| self.tokens.tenants().get(i)) {
+            headers.push((http::header::AUTHORIZATION, t.authorization.clone()));
+        }
+        if req.idempotency_key
+            && let Ok(v) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+        {
+            headers.push((HeaderName::from_static("idempotency-key"), v));
+        }
+        let actual = Instant::now();
+        let now_in = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(now_in, Ordering::Relaxed);
+        let result = self.http.send(req.method, &req.uri, &headers, req.body).await;
+        let end = Instant::now();
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let (outcome, reply) = match result {
+            Ok(r) => (classify(r.status, &r.headers, &r.body, req.expect_json), Some(r)),
+            Err(kind) => (Outcome::Error { kind }, None),
+        };
+        let sample = Sample { intended, actual, end, outcome: &outcome, tenant: req.tenant, endpoint: req.endpoint };
+        if let Ok(mut rec) = self.rec.lock() {
+            rec.record(&sample);
+        }
+        (outcome, reply)
+    }
+}
+
+/// Runs steps one after another and keeps what spans them: the sampler and per-tenant totals.
+#[derive(Debug)]
+pub struct Engine {
+    pub http: Http,
+    pub tokens: Arc<Tokens>,
+    pub cfg: EngineConfig,
+    pub sampler: Sampler,
+    pub run_start: Instant,
+    tenants: Mutex<BTreeMap<usize, TenantCounts>>,
+}
+
+struct Begun {
+    ctx: Arc<StepCtx>,
+    start: Instant,
+    cpu0: Option<f64>,
+    conns0: u64,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig, tokens: Tokens, sampler: Sampler, run_start: Instant) -> Self {
+        Self {
+            http: Http::new(cfg.timeout),
+            tokens: Arc::new(tokens),
+            cfg,
+            sampler,
+            run_start,
+            tenants: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn begin(&self, index: usize, cap: Option<usize>) -> Begun {
+        self.sampler.set_step(Some(index));
+        let ctx = Arc::new(StepCtx {
+            http: self.http.clone(),
+            tokens: Arc::clone(&self.tokens),
+            seed: self.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64),
+            rec: Mutex::new(StepRecorder::new()),
+            in_flight: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            cap: cap.map(|c| Arc::new(Semaphore::new(c))),
+            cap_waits: AtomicU64::new(0),
+        });
+        Begun { ctx, start: Instant::now(), cpu0: procstat::cpu_seconds(None), conns0: self.http.connections_opened() }
+    }
+
+    /// One open-loop step: each stream is (arrivals per second, what an arrival does).
+    /// `offered_rps` is the request rate the streams add up to.
+    pub async fn open_step(
+        &self,
+        index: usize,
+        label: String,
+        offered_rps: f64,
+        duration: Duration,
+        streams: Vec<(f64, Arc<dyn Workload>)>,
+    ) -> StepReport {
+        let b = self.begin(index, self.cfg.max_in_flight);
+        let handle = tokio::runtime::Handle::current();
+        let tracker = TaskTracker::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut pacers = Vec::new();
+        let n_streams = streams.len().max(1) as u64;
+        for (i, (rate, workload)) in streams.into_iter().enumerate() {
+            let schedule = Schedule::new(self.cfg.arrivals, rate, b.ctx.seed.wrapping_add(i as u64 * 7919));
+            let (ctx, tracker, handle) = (Arc::clone(&b.ctx), tracker.clone(), handle.clone());
+            // Arrival numbers interleave the streams: unique, and consecutive within a stream
+            // modulo the stream count (round-robin over URLs relies on it).
+            let mut n: u64 = i as u64;
+            let mut dispatch = move |intended: Instant| {
+                let a = Arrival { intended, n, step: Arc::clone(&ctx) };
+                n += n_streams;
+                tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
+            };
+            match self.cfg.pacer {
+                Pacer::Thread => {
+                    let p = spawn_pacer(schedule, b.start, duration, Arc::clone(&stop), dispatch);
+                    pacers.push(tokio::task::spawn_blocking(move || p.join().unwrap_or(0)));
+                }
+                Pacer::Runtime => {
+                    let start = b.start;
+                    pacers.push(tokio::spawn(async move {
+                        let mut sent = 0;
+                        for offset in schedule {
+                            if offset >= duration {
+                                break;
+                            }
+                            let intended = start + offset;
+                            if intended > Instant::now() {
+                                tokio::time::sleep_until(intended.into()).await;
+                            }
+                            dispatch(intended);
+                            sent += 1;
+                        }
+                        sent
+                    }));
+                }
+            }
+        }
+        for p in pacers {
+            let _arrivals = p.await;
+        }
+        tracker.close();
+        tracker.wait().await;
+        self.finish(index, label, Mode::Open, Some(offered_rps), None, duration, &b)
+    }
+
+    /// One closed-loop step: `concurrency` callers, each sending its next request as soon as
+    /// the last one is answered, for `duration`.
+    pub async fn closed_step(
+        &self,
+        index: usize,
+        label: String,
+        concurrency: usize,
+        duration: Duration,
+        workload: Arc<dyn Workload>,
+    ) -> StepReport {
+        let b = self.begin(index, None);
+        let end = b.start + duration;
+        let mut set = tokio::task::JoinSet::new();
+        for c in 0..concurrency {
+            let (ctx, w) = (Arc::clone(&b.ctx), Arc::clone(&workload));
+            set.spawn(async move {
+                let mut n = c as u64;
+                while Instant::now() < end {
+                    let a = Arrival { intended: Instant::now(), n, step: Arc::clone(&ctx) };
+                    Arc::clone(&w).arrive(a).await;
+                    n += concurrency as u64;
+                }
+            });
+        }
+        while set.join_next().await.is_some() {}
+        self.finish(index, label, Mode::Closed, None, Some(concurrency), duration, &b)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        index: usize,
+        label: String,
+        mode: Mode,
+        offered_rps: Option<f64>,
+        concurrency: Option<usize>,
+        duration: Duration,
+        b: &Begun,
+    ) -> StepReport {
+        self.sampler.set_step(None);
+        let cpu1 = procstat::cpu_seconds(None);
+        let ctx = &b.ctx;
+        let Ok(rec) = ctx.rec.lock() else {
+            panic!("a request task panicked while recording");
+        };
+        let dur_s = duration.as_secs_f64();
+        let elapsed_s = rec.last_end().map_or(dur_s, |e| e.saturating_duration_since(b.start).as_secs_f64().max(dur_s));
+        let completed = rec.completed();
+        let ok = rec.ok_stats();
+        let refused = rec.refused_stats();
+        let errors = rec.error_stats();
+        let share = |n: u64| {
+            if completed == 0 { 0.0 } else { n as f64 / completed as f64 }
+        };
+        let send_lag = rec.send_lag();
+        let achieved_rps = completed as f64 / elapsed_s;
+        let goodput_rps = ok.count as f64 / elapsed_s;
+        let server = self.sampler.summary(index);
+
+        // The self-audit.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let cpu_s = match (b.cpu0, cpu1) {
+            (Some(a), Some(z)) => Some((z - a).max(0.0)),
+            _ => None,
+        };
+        let cpu_cores = cpu_s.map(|c| c / elapsed_s);
+        let cap_waits = ctx.cap_waits.load(Ordering::Relaxed);
+        let mut reasons = Vec::new();
+        let mut warnings = Vec::new();
+        if mode == Mode::Open {
+            if send_lag.p99_ms > self.cfg.max_send_lag_ms {
+                reasons.push(format!(
+                    "send lag p99 {:.2}ms > {}ms: the generator fell behind its schedule",
+                    send_lag.p99_ms, self.cfg.max_send_lag_ms
+                ));
+            }
+            if cap_waits > 0 {
+                reasons.push(format!(
+                    "in-flight cap {} reached: {cap_waits} requests waited for a slot (the loop went partly closed)",
+                    self.cfg.max_in_flight.unwrap_or_default()
+                ));
+            }
+        }
+        if let Some(c) = cpu_cores
+            && c > 0.9 * cores as f64
+        {
+            reasons.push(format!("generator CPU {c:.2} of {cores} cores"));
+        } else if let Some(c) = cpu_cores
+            && c > 0.5 * cores as f64
+        {
+            warnings.push(format!("generator CPU {c:.2} of {cores} cores: it competes with the target"));
+        }
+        let expected = achieved_rps * rec.corrected_seconds() / completed.max(1) as f64;
+        let generator = rec.busy_seconds() / elapsed_s;
+        let server_in_flight = server_queue(&server);
+        let mut hidden = None;
+        if expected > 1.5 * generator + 1.0 {
+            hidden = Some(format!(
+                "{:.1} requests in flight by L = lambda W but {generator:.1} sent: {:.1} waited inside the generator before sending",
+                expected,
+                expected - generator
+            ));
+        } else if let Some(srv) = server_in_flight
+            && generator > 1.5 * srv + 1.0
+        {
+            hidden = Some(format!(
+                "{generator:.1} requests in flight from the generator but the server counts {srv:.1}: ~{:.1} queue unseen (accept backlog, sockets, a proxy)",
+                generator - srv
+            ));
+        }
+        let audit = Audit {
+            valid: reasons.is_empty(),
+            reasons,
+            cpu_s,
+            cpu_us_per_request: cpu_s.map(|c| c * 1e6 / completed.max(1) as f64),
+            cpu_cores,
+            connections_opened: self.http.connections_opened().saturating_sub(b.conns0),
+            peak_in_flight: ctx.peak.load(Ordering::Relaxed),
+            in_flight_cap: if mode == Mode::Open { self.cfg.max_in_flight } else { None },
+            cap_waits,
+            littles_law: LittlesLaw {
+                expected_in_flight: expected,
+                generator_in_flight: generator,
+                server_in_flight,
+                hidden_queueing: hidden,
+            },
+            warnings,
+        };
+        if let Ok(mut t) = self.tenants.lock() {
+            for (i, c) in rec.tenant_counts() {
+                let e = t.entry(i).or_insert_with(|| TenantCounts {
+                    sent: 0,
+                    ok: 0,
+                    refused: 0,
+                    errors: 0,
+                    ok_latency: crate::stats::Hist::coarse(),
+                });
+                e.sent += c.sent;
+                e.ok += c.ok;
+                e.refused += c.refused;
+                e.errors += c.errors;
+                e.ok_latency.add(&c.ok_latency);
+            }
+        }
+        let sent = completed;
+        StepReport {
+            index,
+            label,
+            mode,
+            offered_rps,
+            concurrency,
+            duration_s: dur_s,
+            elapsed_s,
+            sent,
+            sent_rps: sent as f64 / dur_s,
+            completed,
+            achieved_rps,
+            goodput_rps,
+            refused_share: share(refused.stats.count),
+            error_share: share(errors.stats.count),
+            ok,
+            refused,
+            errors,
+            all: rec.all_stats(),
+            send_lag,
+            endpoints: rec.endpoint_stats(),
+            audit,
+            server,
+        }
+    }
+
+    /// Per-tenant results over every step so far, heaviest first, and Jain's index.
+    pub fn tenant_reports(&self) -> (Vec<crate::report::TenantReport>, Option<f64>) {
+        let Ok(t) = self.tenants.lock() else {
+            return (Vec::new(), None);
+        };
+        let total: u64 = t.values().map(|c| c.sent).sum();
+        let mut out: Vec<_> = t
+            .iter()
+            .filter_map(|(i, c)| {
+                let tenant = self.tokens.tenants().get(*i)?;
+                Some(crate::report::TenantReport {
+                    tenant_id: tenant.tenant_id.clone(),
+                    weight: tenant.weight,
+                    sent: c.sent,
+                    share: c.sent as f64 / total.max(1) as f64,
+                    ok: c.ok,
+                    refused: c.refused,
+                    errors: c.errors,
+                    refused_share: c.refused as f64 / c.sent.max(1) as f64,
+                    ok_p99_ms: c.ok_latency.summary().p99_ms,
+                })
+            })
+            .collect();
+        out.sort_by_key(|t| std::cmp::Reverse(t.sent));
+        let admitted: Vec<f64> = out.iter().map(|t| t.ok as f64 / t.sent.max(1) as f64).collect();
+        let fairness = if out.len() > 1 { crate::report::jain(&admitted) } else { None };
+        (out, fairness)
+    }
+}
+
+/// The server's own count of requests it holds: `in_flight` plus `queue_depth`, preferring
+/// the `capacity` section's totals.
+fn server_queue(server: &BTreeMap<String, crate::report::SeriesSummary>) -> Option<f64> {
+    let pick = |suffix: &str| {
+        server
+            .get(&format!("capacity.{suffix}"))
+            .or_else(|| {
+                server
+                    .iter()
+                    .filter(|(k, _)| k.ends_with(&format!(".{suffix}")) || k.as_str() == suffix)
+                    .min_by_key(|(k, _)| k.len())
+                    .map(|(_, v)| v)
+            })
+            .map(|v| v.mean)
+    };
+    let in_flight = pick("in_flight")?;
+    Some(in_flight + pick("queue_depth").unwrap_or(0.0))
+}

@@ -1,0 +1,506 @@
+//! `loadlab`: the load lab's command line. See docs/LOADLAB.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use breakwater_loadlab::analysis::{AnalysisConfig, analyze};
+use breakwater_loadlab::compare::{Thresholds, compare};
+use breakwater_loadlab::profiles::{ProfilesFile, parse_duration};
+use breakwater_loadlab::report::{Report, StepReport, ms};
+use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+use breakwater_loadlab::schedule::Pacer;
+use breakwater_loadlab::tokens::{DEV_SECRET, Tokens};
+use breakwater_loadlab::{Arrivals, EngineConfig, html};
+use clap::{Args, Parser, Subcommand};
+
+/// glibc's allocator grew and trimmed its per-thread heaps about once per request under
+/// bursty open-loop traffic (one `mprotect` each); mimalloc does not.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(name = "loadlab", version, about = "Open-loop load generator: finds the knee, the capacity and the refusals")]
+struct Cli {
+    /// Runtime worker threads (default: one per core). Fewer threads mean fewer wake-ups per
+    /// request when the generator shares a small machine with its target.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Open-loop stepped ramp against fixed URLs; reads the knee, saturation and capacity.
+    Ramp(RampArgs),
+    /// Closed-loop sweep over caller counts (the congestive-collapse table).
+    Sweep(SweepArgs),
+    /// A profile from the profiles file (smoke stage first), against the chat API.
+    Profile(ProfileArgs),
+    /// Only the smoke stage: each journey step's status and body shape.
+    Smoke(SmokeArgs),
+    /// Compare two reports; exits 1 on a real regression, 0 otherwise.
+    Compare(CompareArgs),
+    /// Re-print a saved report (and re-read its curve with another objective, or render HTML).
+    Report(ReportArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s)
+}
+
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// Arrival process of the open loop.
+    #[arg(long, value_enum, default_value_t = Arrivals::Constant)]
+    arrivals: Arrivals,
+    /// What keeps time: a dedicated thread (precise) or the runtime's 1 ms timer (cheaper).
+    #[arg(long, value_enum, default_value_t = Pacer::Thread)]
+    pacer: Pacer,
+    /// Seed of the arrival schedule and of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Whole-request timeout (counted as an error).
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    timeout: Duration,
+    /// Cap on requests (and connections) in flight; 0 for none. Reaching it marks the step
+    /// invalid (generator saturation: the loop went partly closed).
+    #[arg(long, default_value_t = breakwater_loadlab::engine::DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
+    /// Send lag p99 above which a step is marked generator-limited.
+    #[arg(long, value_parser = duration, default_value = "10ms")]
+    max_send_lag: Duration,
+}
+
+impl EngineArgs {
+    fn config(&self) -> EngineConfig {
+        EngineConfig {
+            arrivals: self.arrivals,
+            pacer: self.pacer,
+            seed: self.seed,
+            max_in_flight: (self.max_in_flight > 0).then_some(self.max_in_flight),
+            max_send_lag_ms: self.max_send_lag.as_secs_f64() * 1000.0,
+            timeout: self.timeout,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct TokenArgs {
+    /// JSON lines of {"tenant_id","user_id","token","weight"}; lines without a token are
+    /// minted with the secret.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// Mint N synthetic tenants skewed like the seed (55% on the first).
+    #[arg(long, conflicts_with = "tokens")]
+    mint_tenants: Option<usize>,
+    /// HS256 secret shared with the API.
+    #[arg(long, env = "JWT_SECRET", default_value = DEV_SECRET, hide_env_values = true)]
+    jwt_secret: String,
+}
+
+impl TokenArgs {
+    fn load(&self, seed: u64) -> anyhow::Result<Tokens> {
+        match (&self.tokens, self.mint_tenants) {
+            (Some(p), _) => Tokens::from_file(p, &self.jwt_secret),
+            (None, Some(n)) => Tokens::synthetic(n, &self.jwt_secret, seed),
+            (None, None) => Ok(Tokens::none()),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct SamplingArgs {
+    /// The target's ops status URL, polled during the run.
+    #[arg(long)]
+    ops_url: Option<String>,
+    /// The target's pid: its CPU and RSS are read from /proc.
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, value_parser = duration, default_value = "1s")]
+    sample_interval: Duration,
+}
+
+impl SamplingArgs {
+    fn config(&self) -> Sampling {
+        Sampling { ops_url: self.ops_url.clone(), pid: self.pid, interval: self.sample_interval }
+    }
+}
+
+#[derive(Debug, Args)]
+struct AnalysisArgs {
+    /// The p99 objective for ok responses.
+    #[arg(long, value_parser = duration, default_value = "200ms")]
+    slo_p99: Duration,
+    /// Plan at this fraction of the highest rate meeting the objective.
+    #[arg(long, default_value_t = 0.7)]
+    headroom: f64,
+    /// The server's CPU quota in cores (e.g. 0.25), to judge whether its CPU saturated.
+    #[arg(long)]
+    server_cpus: Option<f64>,
+    /// A percentile has risen (the knee) past this factor of its best earlier value...
+    #[arg(long, default_value_t = 1.5)]
+    knee_factor: f64,
+    /// ...and by at least this much (the noise floor).
+    #[arg(long, value_parser = duration, default_value = "5ms")]
+    knee_min_rise: Duration,
+}
+
+impl AnalysisArgs {
+    fn config(&self) -> AnalysisConfig {
+        AnalysisConfig {
+            slo_p99_ms: self.slo_p99.as_secs_f64() * 1000.0,
+            headroom: self.headroom,
+            server_cpus: self.server_cpus,
+            knee_factor: self.knee_factor,
+            knee_min_rise_ms: self.knee_min_rise.as_secs_f64() * 1000.0,
+            ..AnalysisConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct OutArgs {
+    /// Write the JSON report here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write the self-contained HTML report here.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Print only the final table.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct RampArgs {
+    /// URL to GET (repeat for several, sent round-robin).
+    #[arg(long, required = true)]
+    url: Vec<String>,
+    /// Offered rates, comma-separated (e.g. 200,400,600).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["from", "to", "steps"])]
+    rates: Vec<f64>,
+    /// First rate of an evenly spaced ramp (with --to and --steps).
+    #[arg(long, requires_all = ["to", "steps"])]
+    from: Option<f64>,
+    /// Last rate of the ramp.
+    #[arg(long)]
+    to: Option<f64>,
+    /// Number of steps from --from to --to, both included.
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Length of each step.
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    step: Duration,
+    /// Pause between steps, so queues drain.
+    #[arg(long, value_parser = duration, default_value = "5s")]
+    pause: Duration,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    analysis: AnalysisArgs,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    #[arg(long, required = true)]
+    url: Vec<String>,
+    /// Caller counts, comma-separated (e.g. 4,16,32,192).
+    #[arg(long, value_delimiter = ',', required = true)]
+    concurrency: Vec<usize>,
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    step: Duration,
+    #[arg(long, value_parser = duration, default_value = "5s")]
+    pause: Duration,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Debug, Args)]
+struct ProfileArgs {
+    /// smoke, load, stress, spike, soak, breakpoint (or any name in the profiles file).
+    name: String,
+    /// The API's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    base: String,
+    /// Profiles file (defaults to the one built in: crates/loadlab/profiles.toml).
+    #[arg(long)]
+    profiles: Option<PathBuf>,
+    /// The last measured capacity in req/s, for rates given as fractions of it.
+    #[arg(long, conflicts_with = "capacity_from")]
+    capacity: Option<f64>,
+    /// Read the capacity from a ramp's JSON report.
+    #[arg(long)]
+    capacity_from: Option<PathBuf>,
+    /// Multiply every duration (0.1 = a ten-times-shorter rehearsal).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    analysis: AnalysisArgs,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Debug, Args)]
+struct SmokeArgs {
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    base: String,
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    timeout: Duration,
+    #[command(flatten)]
+    tokens: TokenArgs,
+}
+
+#[derive(Debug, Args)]
+struct CompareArgs {
+    baseline: PathBuf,
+    current: PathBuf,
+    /// A step's p95/p99 regresses when it grows by this factor...
+    #[arg(long, default_value_t = 2.0)]
+    latency_factor: f64,
+    /// ...and by at least this much.
+    #[arg(long, value_parser = duration, default_value = "5ms")]
+    min_latency_rise: Duration,
+    /// Capacity, saturation, knee or goodput regress when they drop by this fraction.
+    #[arg(long, default_value_t = 1.0 / 3.0)]
+    throughput_drop: f64,
+    /// Error share regresses when it rises by this much (0.01 = one point).
+    #[arg(long, default_value_t = 0.01)]
+    error_rise: f64,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    report: PathBuf,
+    /// Re-read the curve with this objective (otherwise the saved reading is shown).
+    #[arg(long, value_parser = duration)]
+    slo_p99: Option<Duration>,
+    #[arg(long, default_value_t = 0.7)]
+    headroom: f64,
+    #[arg(long)]
+    html: Option<PathBuf>,
+}
+
+fn progress_line(s: &StepReport) {
+    let what = s.offered_rps.map_or_else(|| format!("c={}", s.concurrency.unwrap_or(0)), |r| format!("{r:.0}/s"));
+    eprintln!(
+        "step {:>2} {:<14} {:>9} achieved {:>8.1}/s goodput {:>8.1}/s p50 {:>8} p99 {:>8} refused {:>5.1}% errors {:>5} {}",
+        s.index,
+        s.label,
+        what,
+        s.achieved_rps,
+        s.goodput_rps,
+        ms(s.ok.corrected.p50_ms),
+        ms(s.ok.corrected.p99_ms),
+        s.refused_share * 100.0,
+        s.errors.stats.count,
+        if s.audit.valid { String::new() } else { format!("INVALID: {}", s.audit.reasons.join("; ")) }
+    );
+}
+
+fn emit(report: &Report, out: &OutArgs) -> anyhow::Result<()> {
+    println!("{}", report.table());
+    if let Some(p) = &out.out {
+        report.write_json(p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &out.html {
+        std::fs::write(p, html::render(report))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn rates(a: &RampArgs) -> anyhow::Result<Vec<f64>> {
+    if !a.rates.is_empty() {
+        return Ok(a.rates.clone());
+    }
+    match (a.from, a.to, a.steps) {
+        (Some(f), Some(t), Some(n)) if n >= 1 => {
+            Ok((0..n).map(|k| if n == 1 { f } else { f + (t - f) * k as f64 / (n - 1) as f64 }).collect())
+        }
+        _ => anyhow::bail!("give --rates, or --from, --to and --steps"),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Ramp(a) => {
+            let cfg = RampConfig {
+                urls: a.url.clone(),
+                rates: rates(&a)?,
+                step: a.step,
+                pause: a.pause,
+                engine: a.engine.config(),
+                analysis: a.analysis.config(),
+                sampling: a.sampling.config(),
+            };
+            let tokens = a.tokens.load(a.engine.seed)?;
+            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
+            let report = runs::ramp(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
+            emit(&report, &a.out)?;
+        }
+        Cmd::Sweep(a) => {
+            let cfg = SweepConfig {
+                urls: a.url.clone(),
+                concurrency: a.concurrency.clone(),
+                step: a.step,
+                pause: a.pause,
+                engine: a.engine.config(),
+                sampling: a.sampling.config(),
+            };
+            let tokens = a.tokens.load(a.engine.seed)?;
+            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
+            let report = runs::sweep(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
+            emit(&report, &a.out)?;
+        }
+        Cmd::Profile(a) => {
+            let capacity_rps = match (&a.capacity_from, a.capacity) {
+                (Some(p), _) => {
+                    let r = Report::read_json(p)?;
+                    Some(r.analysis.and_then(|x| x.capacity).map(|c| c.capacity_rps).ok_or_else(|| {
+                        anyhow::anyhow!("{} has no measured capacity (no step met its objective)", p.display())
+                    })?)
+                }
+                (None, c) => c,
+            };
+            let cfg = ProfileConfig {
+                base: a.base.trim_end_matches('/').to_owned(),
+                profile: a.name.clone(),
+                profiles: ProfilesFile::load(a.profiles.as_deref()).map_err(anyhow::Error::msg)?,
+                capacity_rps,
+                time_scale: a.time_scale,
+                engine: a.engine.config(),
+                analysis: a.analysis.config(),
+                sampling: Sampling {
+                    ops_url: a
+                        .sampling
+                        .ops_url
+                        .clone()
+                        .or_else(|| Some(format!("{}/v1/ops/status", a.base.trim_end_matches('/')))),
+                    ..a.sampling.config()
+                },
+            };
+            let tokens = a.tokens.load(a.engine.seed)?;
+            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
+            match runs::profile(&cfg, tokens, (!a.out.quiet).then_some(p)).await {
+                Ok(report) => emit(&report, &a.out)?,
+                Err(RunError::Smoke(f)) => {
+                    eprintln!("{f}");
+                    eprintln!("the run was stopped before any load: fix the path, then run again");
+                    return Ok(ExitCode::from(3));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Cmd::Smoke(a) => {
+            let tokens = a.tokens.load(1)?;
+            match runs::smoke_only(a.base.trim_end_matches('/'), &tokens, a.timeout).await {
+                Ok(r) => {
+                    for s in &r.steps {
+                        println!(
+                            "ok   {:<18} {:<40} {:>4} {:>8.1}ms",
+                            s.name,
+                            s.request,
+                            s.status.unwrap_or(0),
+                            s.latency_ms
+                        );
+                    }
+                    println!("smoke passed");
+                }
+                Err(f) => {
+                    for s in &f.report.steps {
+                        let mark = if s.ok { "ok  " } else { "FAIL" };
+                        println!(
+                            "{mark} {:<18} {:<40} {:>4} {}",
+                            s.name,
+                            s.request,
+                            s.status.unwrap_or(0),
+                            s.reason.as_deref().unwrap_or("")
+                        );
+                    }
+                    eprintln!("{f}");
+                    return Ok(ExitCode::from(3));
+                }
+            }
+        }
+        Cmd::Compare(a) => {
+            let base = Report::read_json(&a.baseline)?;
+            let cur = Report::read_json(&a.current)?;
+            let t = Thresholds {
+                latency_factor: a.latency_factor,
+                min_latency_rise_ms: a.min_latency_rise.as_secs_f64() * 1000.0,
+                throughput_drop: a.throughput_drop,
+                error_rise: a.error_rise,
+            };
+            let c = compare(&base, &cur, &t);
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                print!("{}", c.table());
+            }
+            return Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+        Cmd::Report(a) => {
+            let mut r = Report::read_json(&a.report)?;
+            if let Some(slo) = a.slo_p99 {
+                let cfg = AnalysisConfig {
+                    slo_p99_ms: slo.as_secs_f64() * 1000.0,
+                    headroom: a.headroom,
+                    ..r.analysis.as_ref().map(|x| x.config.clone()).unwrap_or_default()
+                };
+                r.analysis = Some(analyze(&r.steps, &cfg));
+            }
+            println!("{}", r.table());
+            if let Some(p) = &a.html {
+                std::fs::write(p, html::render(&r))?;
+                eprintln!("wrote {}", p.display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadlab: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("loadlab: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The report: every step, every server sample and the reading of the curve, as JSON (the
+//! source of truth), a terminal table, and (in `html`) a self-contained page.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::Analysis;
+use crate::stats::{ClassStats, EndpointStats, ErrorStats, Pcts, RefusedStats};
+
+/// Bumped when a field changes meaning; `compare` refuses reports of another schema.
+pub const SCHEMA: &str = "breakwater-loadlab/1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunKind {
+    Ramp,
+    Sweep,
+    Profile,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Requests sent on a schedule, whatever the responses do.
+    Open,
+    /// N callers, each waiting for its response before the next request.
+    Closed,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub kind: RunKind,
+    /// `ramp`, `sweep`, or the profile's name.
+    pub name: String,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub target: String,
+    /// The parameters the run was given, for reproducing it.
+    pub config: serde_json::Value,
+    pub generator: GeneratorInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoke: Option<SmokeReport>,
+    pub steps: Vec<StepReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<Analysis>,
+    /// Per-tenant results over the whole run, heaviest first.
+    #[serde(default)]
+    pub tenants: Vec<TenantReport>,
+    /// Jain's fairness index over the tenants' admitted shares (ok / sent); 1 is perfectly fair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<f64>,
+    /// Server-side samples (`/v1/ops/status` flattened, `/proc` of the given pid).
+    #[serde(default)]
+    pub samples: Vec<ServerSample>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GeneratorInfo {
+    pub version: String,
+    /// Cores the generator could use.
+    pub cores: usize,
+}
+
+/// One step of a ramp or sweep, or one stage of a profile.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepReport {
+    pub index: usize,
+    pub label: String,
+    pub mode: Mode,
+    /// Requests per second the schedule offered (open loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered_rps: Option<f64>,
+    /// Callers (closed loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    /// How long the schedule ran.
+    pub duration_s: f64,
+    /// From the step's start to its last response (includes draining the queue).
+    pub elapsed_s: f64,
+    pub sent: u64,
+    pub sent_rps: f64,
+    pub completed: u64,
+    /// Every response per second of `elapsed_s`.
+    pub achieved_rps: f64,
+    /// Ok responses per second of `elapsed_s`: what saturation is read from.
+    pub goodput_rps: f64,
+    pub ok: ClassStats,
+    pub refused: RefusedStats,
+    pub errors: ErrorStats,
+    pub all: ClassStats,
+    pub refused_share: f64,
+    pub error_share: f64,
+    /// Actual send time minus intended send time.
+    pub send_lag: Pcts,
+    #[serde(default)]
+    pub endpoints: BTreeMap<String, EndpointStats>,
+    pub audit: Audit,
+    /// Mean, max and last of every server-side series sampled during the step.
+    #[serde(default)]
+    pub server: BTreeMap<String, SeriesSummary>,
+}
+
+/// The generator checking itself: a step where the generator, not the server, was the limit
+/// is marked invalid and left out of the knee, saturation and capacity.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Audit {
+    pub valid: bool,
+    #[serde(default)]
+    pub reasons: Vec<String>,
+    /// Generator CPU seconds spent during the step (all threads).
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
+    #[serde(default)]
+    pub cpu_us_per_request: Option<f64>,
+    /// Mean cores the generator used.
+    #[serde(default)]
+    pub cpu_cores: Option<f64>,
+    pub connections_opened: u64,
+    pub peak_in_flight: u64,
+    #[serde(default)]
+    pub in_flight_cap: Option<usize>,
+    /// Requests that had to wait for a slot under the cap (the loop went partly closed).
+    pub cap_waits: u64,
+    pub littles_law: LittlesLaw,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// L = lambda x W, three ways. A gap between them says where requests queued unseen.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LittlesLaw {
+    /// achieved x mean corrected latency: requests somewhere between intended send and reply.
+    pub expected_in_flight: f64,
+    /// Time-averaged requests sent and not yet answered, as the generator counted them.
+    pub generator_in_flight: f64,
+    /// The server's own `in_flight` + `queue_depth`, averaged over the step's samples.
+    #[serde(default)]
+    pub server_in_flight: Option<f64>,
+    #[serde(default)]
+    pub hidden_queueing: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct SeriesSummary {
+    pub mean: f64,
+    pub max: f64,
+    pub last: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerSample {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    /// The step running when the sample was taken (none during pauses).
+    pub step: Option<usize>,
+    /// Dotted paths of every numeric field of `/v1/ops/status`, plus `proc.cpu_cores` and
+    /// `proc.rss_bytes` when a pid was given.
+    pub values: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantReport {
+    pub tenant_id: String,
+    pub weight: f64,
+    pub sent: u64,
+    /// This tenant's share of all requests sent.
+    pub share: f64,
+    pub ok: u64,
+    pub refused: u64,
+    pub errors: u64,
+    pub refused_share: f64,
+    pub ok_p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SmokeReport {
+    pub passed: bool,
+    pub steps: Vec<SmokeStep>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SmokeStep {
+    pub name: String,
+    pub request: String,
+    pub status: Option<u16>,
+    pub latency_ms: f64,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Report {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    pub fn write_json(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, self.to_json())
+    }
+
+    pub fn read_json(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let r: Self = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a loadlab report: {e}", path.display()))?;
+        if r.schema != SCHEMA {
+            anyhow::bail!("{} has schema {:?}, expected {SCHEMA:?}", path.display(), r.schema);
+        }
+        Ok(r)
+    }
+
+    /// The terminal table: one row per step, then the reading of the curve.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "{} {} against {}", self.kind_name(), self.name, self.target);
+        let _ = writeln!(
+            out,
+            "{:<14} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>8}  audit",
+            "step",
+            "offered",
+            "achieved",
+            "goodput",
+            "p50",
+            "p95",
+            "p99",
+            "max",
+            "p99 unc",
+            "refused",
+            "errors",
+            "lag p99"
+        );
+        for s in &self.steps {
+            let offered = match (s.offered_rps, s.concurrency) {
+                (Some(r), _) => format!("{r:.0}/s"),
+                (None, Some(c)) => format!("c={c}"),
+                _ => "-".into(),
+            };
+            let audit =
+                if s.audit.valid { "ok".to_owned() } else { format!("INVALID: {}", s.audit.reasons.join("; ")) };
+            let _ = writeln!(
+                out,
+                "{:<14} {:>9} {:>9.1} {:>9.1} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6.1}% {:>6} {:>8}  {}",
+                truncate(&s.label, 14),
+                offered,
+                s.achieved_rps,
+                s.goodput_rps,
+                ms(s.ok.corrected.p50_ms),
+                ms(s.ok.corrected.p95_ms),
+                ms(s.ok.corrected.p99_ms),
+                ms(s.ok.corrected.max_ms),
+                ms(s.ok.uncorrected.p99_ms),
+                s.refused_share * 100.0,
+                s.errors.stats.count,
+                ms(s.send_lag.p99_ms),
+                audit
+            );
+            if !s.refused.by_code.is_empty() {
+                let codes: Vec<String> = s.refused.by_code.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(
+                    out,
+                    "{:<14} refused: {} (Retry-After on {}), p50 {}",
+                    "",
+                    codes.join(" "),
+                    s.refused.retry_after_seen,
+                    ms(s.refused.stats.corrected.p50_ms)
+                );
+            }
+            if !s.errors.by_kind.is_empty() {
+                let kinds: Vec<String> = s.errors.by_kind.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(out, "{:<14} errors: {}", "", kinds.join(" "));
+            }
+            if let Some(h) = &s.audit.littles_law.hidden_queueing {
+                let _ = writeln!(out, "{:<14} little's law: {h}", "");
+            }
+        }
+        if let Some(a) = &self.analysis {
+            out.push_str(&a.describe());
+        }
+        if !self.tenants.is_empty() {
+            let _ = writeln!(out, "tenants (heaviest 5 of {}):", self.tenants.len());
+            for t in self.tenants.iter().take(5) {
+                let _ = writeln!(
+                    out,
+                    "  {}  share {:>5.1}%  refused {:>5.1}%  errors {:>5}  ok p99 {}",
+                    t.tenant_id,
+                    t.share * 100.0,
+                    t.refused_share * 100.0,
+                    t.errors,
+                    ms(t.ok_p99_ms)
+                );
+            }
+            if let Some(f) = self.fairness {
+                let _ = writeln!(out, "  fairness (Jain, admitted share per tenant): {f:.3}");
+            }
+        }
+        out
+    }
+
+    fn kind_name(&self) -> &'static str {
+        match self.kind {
+            RunKind::Ramp => "ramp",
+            RunKind::Sweep => "sweep",
+            RunKind::Profile => "profile",
+        }
+    }
+}
+
+/// Milliseconds, human-sized.
+pub fn ms(v: f64) -> String {
+    if v == 0.0 {
+        "-".into()
+    } else if v < 10.0 {
+        format!("{v:.2}ms")
+    } else if v < 1000.0 {
+        format!("{v:.0}ms")
+    } else {
+        format!("{:.2}s", v / 1000.0)
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_owned() } else { s.chars().take(n).collect() }
+}
+
+/// Jain's fairness index: (sum x)^2 / (n sum x^2). 1 when every x is equal, 1/n at worst.
+pub fn jain(xs: &[f64]) -> Option<f64> {
+    let n = xs.len() as f64;
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if xs.is_empty() || sq == 0.0 { None } else { Some(sum * sum / (n * sq)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_index_bounds() {
+        assert_eq!(jain(&[1.0, 1.0, 1.0]), Some(1.0));
+        let worst = jain(&[1.0, 0.0, 0.0, 0.0]).unwrap_or_default();
+        assert!((worst - 0.25).abs() < 1e-9);
+        assert_eq!(jain(&[]), None);
+    }
+}

@@ -1,0 +1,251 @@
+//! Whole runs, as the CLI and `cargo xtask lab` call them: a ramp, a sweep, a profile, a
+//! smoke check. Each returns a [`Report`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::analysis::{AnalysisConfig, analyze};
+use crate::client::Http;
+use crate::engine::{Engine, EngineConfig, Workload};
+use crate::profiles::{ProfilesFile, ResolvedProfile};
+use crate::report::{GeneratorInfo, Report, RunKind, SCHEMA, StepReport};
+use crate::sampler::Sampler;
+use crate::smoke::{SmokeFailure, smoke};
+use crate::tokens::Tokens;
+use crate::workload::{AGENT_STEPS, AgentJourney, Readers, Urls};
+
+/// Where server-side figures come from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sampling {
+    /// e.g. `http://127.0.0.1:8080/v1/ops/status`.
+    pub ops_url: Option<String>,
+    /// The target's pid, for CPU and RSS from `/proc`.
+    pub pid: Option<u32>,
+    #[serde(with = "crate::dur")]
+    pub interval: Duration,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self { ops_url: None, pid: None, interval: Duration::from_secs(1) }
+    }
+}
+
+/// An open-loop stepped ramp against fixed URLs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RampConfig {
+    pub urls: Vec<String>,
+    /// Offered requests per second, one step each, in order.
+    pub rates: Vec<f64>,
+    #[serde(with = "crate::dur")]
+    pub step: Duration,
+    #[serde(with = "crate::dur")]
+    pub pause: Duration,
+    #[serde(skip)]
+    pub engine: EngineConfig,
+    pub analysis: AnalysisConfig,
+    pub sampling: Sampling,
+}
+
+/// A closed-loop sweep over caller counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepConfig {
+    pub urls: Vec<String>,
+    pub concurrency: Vec<usize>,
+    #[serde(with = "crate::dur")]
+    pub step: Duration,
+    #[serde(with = "crate::dur")]
+    pub pause: Duration,
+    #[serde(skip)]
+    pub engine: EngineConfig,
+    pub sampling: Sampling,
+}
+
+/// A profile from the profiles file, against the chat API at `base`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileConfig {
+    pub base: String,
+    pub profile: String,
+    #[serde(skip)]
+    pub profiles: ProfilesFile,
+    /// The last measured capacity, for rates given as fractions of it.
+    pub capacity_rps: Option<f64>,
+    pub time_scale: f64,
+    #[serde(skip)]
+    pub engine: EngineConfig,
+    pub analysis: AnalysisConfig,
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Smoke(#[from] Box<SmokeFailure>),
+}
+
+fn engine_json(e: &EngineConfig) -> serde_json::Value {
+    serde_json::json!({
+        "arrivals": e.arrivals,
+        "pacer": e.pacer,
+        "seed": e.seed,
+        "max_in_flight": e.max_in_flight,
+        "max_send_lag_ms": e.max_send_lag_ms,
+        "timeout": humantime::format_duration(e.timeout).to_string(),
+    })
+}
+
+fn new_report(kind: RunKind, name: &str, target: &str, mut config: serde_json::Value, engine: &EngineConfig) -> Report {
+    if let Some(o) = config.as_object_mut() {
+        o.insert("engine".into(), engine_json(engine));
+    }
+    Report {
+        schema: SCHEMA.into(),
+        kind,
+        name: name.into(),
+        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        target: target.into(),
+        config,
+        generator: GeneratorInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+        },
+        smoke: None,
+        steps: Vec::new(),
+        analysis: None,
+        tenants: Vec::new(),
+        fairness: None,
+        samples: Vec::new(),
+    }
+}
+
+fn finish(mut report: Report, engine: &Engine, steps: Vec<StepReport>, analysis: Option<&AnalysisConfig>) -> Report {
+    report.samples = engine.sampler.finish();
+    report.analysis = analysis.map(|a| analyze(&steps, a));
+    report.steps = steps;
+    let (tenants, fairness) = engine.tenant_reports();
+    report.tenants = tenants;
+    report.fairness = fairness;
+    report
+}
+
+/// Runs an open-loop ramp and reads its curve. Prints each step as it ends when `progress`.
+pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
+    let start = Instant::now();
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
+    let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
+    let report = new_report(
+        RunKind::Ramp,
+        "ramp",
+        cfg.urls.first().map_or("", String::as_str),
+        serde_json::to_value(cfg).unwrap_or_default(),
+        &cfg.engine,
+    );
+    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
+    let mut steps = Vec::new();
+    for (i, rate) in cfg.rates.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(cfg.pause).await;
+        }
+        let s =
+            engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.step, vec![(*rate, Arc::clone(&workload))]).await;
+        if let Some(p) = progress {
+            p(&s);
+        }
+        steps.push(s);
+    }
+    finish(report, &engine, steps, Some(&cfg.analysis))
+}
+
+/// Runs a closed-loop sweep: throughput, p50 and p99 per caller count.
+pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
+    let start = Instant::now();
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
+    let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
+    let report = new_report(
+        RunKind::Sweep,
+        "sweep",
+        cfg.urls.first().map_or("", String::as_str),
+        serde_json::to_value(cfg).unwrap_or_default(),
+        &cfg.engine,
+    );
+    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
+    let mut steps = Vec::new();
+    for (i, c) in cfg.concurrency.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(cfg.pause).await;
+        }
+        let s = engine.closed_step(i, format!("{c} callers"), *c, cfg.step, Arc::clone(&workload)).await;
+        if let Some(p) = progress {
+            p(&s);
+        }
+        steps.push(s);
+    }
+    finish(report, &engine, steps, None)
+}
+
+/// Only the smoke stage.
+pub async fn smoke_only(
+    base: &str,
+    tokens: &Tokens,
+    timeout: Duration,
+) -> Result<crate::report::SmokeReport, Box<SmokeFailure>> {
+    smoke(&Http::new(timeout), base, tokens).await.map_err(Box::new)
+}
+
+/// Runs a profile: the smoke stage, then each stage of agent journeys and readers, open loop.
+pub async fn profile(
+    cfg: &ProfileConfig,
+    tokens: Tokens,
+    progress: Option<&(dyn Fn(&StepReport) + Sync)>,
+) -> Result<Report, RunError> {
+    let resolved: ResolvedProfile =
+        cfg.profiles.resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale).map_err(RunError::Config)?;
+    let smoke_report = smoke(&Http::new(cfg.engine.timeout), &cfg.base, &tokens).await.map_err(Box::new)?;
+
+    let start = Instant::now();
+    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
+    let mut engine_cfg = cfg.engine.clone();
+    engine_cfg.arrivals = resolved.arrivals;
+    let engine = Engine::new(engine_cfg.clone(), tokens, sampler, start);
+    let mut config = serde_json::to_value(cfg).unwrap_or_default();
+    if let Some(o) = config.as_object_mut() {
+        o.insert(
+            "stages".into(),
+            serde_json::json!(
+                resolved
+                    .stages
+                    .iter()
+                    .map(|s| serde_json::json!({
+                        "label": s.label, "rps": s.rps, "duration": humantime::format_duration(s.duration).to_string()
+                    }))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        o.insert("reader_share".into(), resolved.reader_share.into());
+        o.insert("think_time".into(), humantime::format_duration(resolved.think_time).to_string().into());
+    }
+    let mut report = new_report(RunKind::Profile, &cfg.profile, &cfg.base, config, &engine_cfg);
+    report.smoke = Some(smoke_report);
+
+    let readers: Arc<dyn Workload> = Arc::new(Readers { base: cfg.base.clone() });
+    let agents: Arc<dyn Workload> = Arc::new(AgentJourney { base: cfg.base.clone(), think: resolved.think_time });
+    let mut steps = Vec::new();
+    for (i, st) in resolved.stages.iter().enumerate() {
+        if i > 0 && !resolved.pause.is_zero() {
+            tokio::time::sleep(resolved.pause).await;
+        }
+        let reader_rate = st.rps * resolved.reader_share;
+        let journey_rate = st.rps * (1.0 - resolved.reader_share) / AGENT_STEPS as f64;
+        let streams = vec![(reader_rate, Arc::clone(&readers)), (journey_rate, Arc::clone(&agents))];
+        let s = engine.open_step(i, st.label.clone(), st.rps, st.duration, streams).await;
+        if let Some(p) = progress {
+            p(&s);
+        }
+        steps.push(s);
+    }
+    Ok(finish(report, &engine, steps, Some(&cfg.analysis)))
+}
