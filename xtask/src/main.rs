@@ -4,7 +4,9 @@
 //!   migrated, seeded small; API and worker running; a token and a curl line printed).
 //! - `cargo xtask test`: every test, against a real PostgreSQL and Redis.
 //! - `cargo xtask pinned -- <command...>`: a command in a cgroup at the production task's shape.
+//! - `cargo xtask bench-queries`: the API's queries timed on the full skewed seed.
 
+mod bench_queries;
 mod services;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +30,9 @@ enum Command {
     },
     /// Run a command in a cgroup at the production task's shape (0.25 core, 512 MiB, no swap).
     Pinned(pinned::PinnedArgs),
+    /// Times the API's queries on the full skewed seed and saves their plans (docs/explain/,
+    /// docs/PERFORMANCE.md); fails if a plan scans conversations, messages or contacts.
+    BenchQueries(bench_queries::Args),
 }
 
 mod dev;
@@ -35,11 +40,12 @@ mod pinned;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     match cli.command {
-        Command::Dev(args) => runtime.block_on(dev::run(args)),
-        Command::Test { args } => runtime.block_on(test(args)),
-        Command::Pinned(args) => runtime.block_on(pinned::run(args)),
+        Command::BenchQueries(args) => bench_queries::main(&args),
+        Command::Dev(args) => runtime()?.block_on(dev::run(args)),
+        Command::Test { args } => runtime()?.block_on(test(args)),
+        Command::Pinned(args) => runtime()?.block_on(pinned::run(args)),
     }
 }
 
