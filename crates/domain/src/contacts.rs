@@ -204,10 +204,10 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
     if name.is_empty() || name.chars().count() > 200 {
         return Err(DomainError::Invalid("name must be 1 to 200 characters".into()));
     }
-    if let Some(email) = &new.email {
-        if email.len() < 3 || email.len() > 320 || !email.contains('@') {
-            return Err(DomainError::Invalid("email must be an address of 3 to 320 characters".into()));
-        }
+    if let Some(email) = &new.email
+        && (email.len() < 3 || email.len() > 320 || !email.contains('@'))
+    {
+        return Err(DomainError::Invalid("email must be an address of 3 to 320 characters".into()));
     }
     let id = new_id();
     sqlx::query!(
