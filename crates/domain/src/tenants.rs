@@ -81,9 +81,10 @@ pub async fn create_inbox(
 /// # Errors
 /// [`crate::DomainError::NotFound`] when the inbox is not the tenant's.
 pub async fn webhook_secret(pool: &Pool, tenant: TenantId, inbox: Uuid) -> Result<Option<String>> {
-    let row = sqlx::query_scalar!("SELECT webhook_secret FROM inboxes WHERE tenant_id = $1 AND id = $2", tenant.0, inbox)
-        .fetch_optional(pool)
-        .await?;
+    let row =
+        sqlx::query_scalar!("SELECT webhook_secret FROM inboxes WHERE tenant_id = $1 AND id = $2", tenant.0, inbox)
+            .fetch_optional(pool)
+            .await?;
     row.ok_or(crate::DomainError::NotFound)
 }
 

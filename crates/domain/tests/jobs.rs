@@ -86,7 +86,8 @@ async fn concurrent_claims_never_share_a_job(pool: Pool) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn claims_honour_priority_run_at_and_kinds(pool: Pool) {
-    let later = enqueue(&pool, NewJob { run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)), ..noop() }).await;
+    let later =
+        enqueue(&pool, NewJob { run_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)), ..noop() }).await;
     let low = enqueue(&pool, noop()).await;
     let high = enqueue(&pool, NewJob { priority: 5, ..noop() }).await;
     let other = enqueue(&pool, NewJob::new(kind::DELIVER_MESSAGE, json!({}))).await;

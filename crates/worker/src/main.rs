@@ -184,7 +184,8 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run(config: &Config) -> anyhow::Result<()> {
     let options = config.options()?;
-    let size = config.db_pool_size.unwrap_or_else(|| u32::try_from(options.concurrency).unwrap_or(u32::MAX).saturating_add(4));
+    let size =
+        config.db_pool_size.unwrap_or_else(|| u32::try_from(options.concurrency).unwrap_or(u32::MAX).saturating_add(4));
     let pool = config.pool(size)?;
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));

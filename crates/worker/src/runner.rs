@@ -193,7 +193,8 @@ impl Worker {
         }
         // What is still held was interrupted: give it back for another worker to take at once.
         let leftovers = shared.leases();
-        let released = if leftovers.is_empty() { Ok(0) } else { jobs::release(&shared.pool, &options.owner, &leftovers).await };
+        let released =
+            if leftovers.is_empty() { Ok(0) } else { jobs::release(&shared.pool, &options.owner, &leftovers).await };
         background.cancel();
         for task in [heartbeat, listener, maintenance] {
             let _ = task.await;
@@ -231,15 +232,16 @@ async fn claim_loop(
         }
         let wanted = permit.num_permits();
         #[allow(clippy::cast_possible_wrap)] // at most `batch` jobs
-        let claimed = match jobs::claim(&shared.pool, &options.owner, &options.kinds, wanted as i64, lease_seconds).await {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::warn!(error = %e, "claiming failed; retrying after the poll interval");
-                drop(permit);
-                idle(shared, stop).await;
-                continue;
-            }
-        };
+        let claimed =
+            match jobs::claim(&shared.pool, &options.owner, &options.kinds, wanted as i64, lease_seconds).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming failed; retrying after the poll interval");
+                    drop(permit);
+                    idle(shared, stop).await;
+                    continue;
+                }
+            };
         let got = claimed.len();
         Counters::add(&shared.counters.claimed, got as u64);
         let claimed_at = Instant::now();
@@ -302,15 +304,9 @@ async fn run_job(
         }
         Some(Err(error)) => {
             let delay = options.backoff.next(job.attempts, error.retry_after);
-            let state = jobs::fail(
-                &shared.pool,
-                &options.owner,
-                lease,
-                &error.message,
-                delay.as_secs_f64(),
-                error.permanent,
-            )
-            .await;
+            let state =
+                jobs::fail(&shared.pool, &options.owner, lease, &error.message, delay.as_secs_f64(), error.permanent)
+                    .await;
             shared.held().remove(&job.id);
             let outcome = match state {
                 Ok(Some(JobState::Dead)) => {
@@ -360,7 +356,9 @@ async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Le
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
-                Err(e) => tracing::error!(error = %e, jobs = batch.len(), "marking jobs completed failed; they will be rescued and run again"),
+                Err(e) => {
+                    tracing::error!(error = %e, jobs = batch.len(), "marking jobs completed failed; they will be rescued and run again");
+                }
             }
         }
         let mut held = shared.held();

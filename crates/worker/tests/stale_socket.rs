@@ -60,7 +60,7 @@ async fn connection(mut stream: TcpStream, mode: Mode, seen: Arc<Seen>) {
                 Ok(None) => return,
                 Err(_) => {
                     if reset {
-                        stream.set_linger(Some(Duration::ZERO)).unwrap();
+                        stream.set_zero_linger().unwrap();
                     }
                     return; // dropped: FIN, or RST with linger 0
                 }
@@ -88,10 +88,8 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
+            let len: usize =
+                head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
             if buf.len() >= end + 4 + len {
                 return Some(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned());
             }
@@ -194,11 +192,9 @@ async fn failures_on_fresh_connections_are_not_replayed() {
 async fn private_addresses_are_refused_before_connecting_unless_allowed() {
     let (port, seen) = serve(Mode::CloseIdle { after: Duration::from_secs(5), reset: false });
     let strict = WebhookClient::new(ClientOptions { policy: WebhookPolicy::development(), ..ClientOptions::default() });
-    let url = WebhookUrl::parse(
-        &format!("http://localhost:{port}/hook"),
-        &WebhookPolicy::development().allow_private(true),
-    )
-    .unwrap();
+    let url =
+        WebhookUrl::parse(&format!("http://localhost:{port}/hook"), &WebhookPolicy::development().allow_private(true))
+            .unwrap();
     let err = strict.post(&url, HeaderMap::new(), Bytes::new()).await.unwrap_err();
     assert!(matches!(err, SendError::Forbidden(_)), "{err:?}");
     assert_eq!(seen.connections.load(Ordering::SeqCst), 0);
