@@ -28,19 +28,28 @@ pub(crate) struct BenchArgs {
     /// Claim batch of each worker process.
     #[arg(long, default_value_t = 32)]
     batch: usize,
+    /// The workers' `synchronous_commit` (`on` or `off`).
+    #[arg(long, default_value = "off")]
+    synchronous_commit: String,
 }
 
 pub(crate) async fn run(database_url: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(database_url).await?;
     breakwater_domain::migrate(&pool).await?;
     let exe = std::env::current_exe()?;
+    println!("concurrency {}, batch {}, synchronous_commit {}", args.concurrency, args.batch, args.synchronous_commit);
     println!("| worker processes | jobs | runs (jobs/s) | median jobs/s |");
     println!("|---|---|---|---|");
     for &processes in &args.processes {
         let mut rates = Vec::with_capacity(args.runs);
         for _ in 0..args.runs {
             // Start from an empty table: completed jobs of earlier runs are pruned.
-            while jobs::prune(&pool, 0.0, f64::MAX / 4.0, 50_000).await? > 0 {}
+            while jobs::prune(&pool, 0.0, 1e9, 50_000).await? > 0 {}
+            let live = jobs::stats(&pool).await?;
+            anyhow::ensure!(
+                live.ready + live.scheduled + live.running == 0,
+                "the database has live jobs: use a scratch one"
+            );
             let mut conn = pool.acquire().await?;
             for chunk in (0..args.jobs).collect::<Vec<_>>().chunks(10_000) {
                 let payloads: Vec<_> = chunk.iter().map(|i| json!({ "n": i })).collect();
@@ -57,6 +66,7 @@ pub(crate) async fn run(database_url: &str, args: &BenchArgs) -> anyhow::Result<
                         .env("WORKER_KINDS", kind::NOOP)
                         .env("WORKER_CONCURRENCY", args.concurrency.to_string())
                         .env("WORKER_BATCH", args.batch.to_string())
+                        .env("WORKER_DB_SYNCHRONOUS_COMMIT", &args.synchronous_commit)
                         .env("WORKER_EXIT_WHEN_IDLE", "true")
                         .env("RUST_LOG", "warn")
                         .stdout(Stdio::piped())

@@ -35,6 +35,15 @@ enum AppEnv {
     Production,
 }
 
+/// `synchronous_commit` values the worker accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SyncCommit {
+    /// Wait for the WAL flush on every commit.
+    On,
+    /// Do not wait: a crash of PostgreSQL may lose the last fraction of a second of commits.
+    Off,
+}
+
 /// Everything the worker reads, from flags or the environment.
 #[derive(Debug, Clone, clap::Args)]
 struct Config {
@@ -47,6 +56,12 @@ struct Config {
     /// Database connections (default: concurrency + 4).
     #[arg(long, env = "DB_POOL_SIZE")]
     db_pool_size: Option<u32>,
+    /// PostgreSQL `synchronous_commit` for the worker's own connections. `off` is safe here:
+    /// every write the worker makes (claim, heartbeat, completion, failure, erasure batch) that
+    /// a database crash loses only makes a job run again, which the at-least-once contract
+    /// already allows; it saves a WAL flush per statement. Enqueues (the API's) stay durable.
+    #[arg(long, env = "WORKER_DB_SYNCHRONOUS_COMMIT", default_value = "off", global = true)]
+    db_synchronous_commit: SyncCommit,
     /// Jobs run at once by this process.
     #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 16)]
     concurrency: usize,
@@ -160,10 +175,14 @@ impl Config {
 
     fn pool(&self, size: u32) -> anyhow::Result<sqlx::PgPool> {
         let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
+        let sync = match self.db_synchronous_commit {
+            SyncCommit::On => "on",
+            SyncCommit::Off => "off",
+        };
         Ok(sqlx::postgres::PgPoolOptions::new()
             .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.application_name("breakwater-worker")))
+            .connect_lazy_with(options.application_name("breakwater-worker").options([("synchronous_commit", sync)])))
     }
 }
 

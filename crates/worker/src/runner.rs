@@ -19,6 +19,8 @@ use crate::handlers::{Handlers, JobError};
 
 /// Most leases marked completed in one statement.
 const COMPLETE_BATCH: usize = 1_000;
+/// How long a saturated worker waits for more free slots before claiming (claims stay batched).
+const CLAIM_COOLDOWN: Duration = Duration::from_millis(5);
 /// Most expired leases rescued, or finished jobs pruned, per statement.
 const MAINTENANCE_BATCH: i64 = 1_000;
 
@@ -224,7 +226,17 @@ async fn claim_loop(
             () = stop.cancelled() => return,
             permit = Arc::clone(slots).acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
         };
-        let extra = slots.available_permits().min(options.batch.max(1) - 1);
+        let batch = options.batch.clamp(1, options.concurrency.max(1));
+        if slots.available_permits() + 1 < batch / 2 {
+            // Saturated: slots free up one by one. Wait a moment for half a batch, so that one
+            // claim statement fetches many jobs instead of one round trip per freed slot.
+            let half = u32::try_from(batch / 2 - 1).unwrap_or(u32::MAX);
+            if let Ok(Ok(more)) = tokio::time::timeout(CLAIM_COOLDOWN, Arc::clone(slots).acquire_many_owned(half)).await
+            {
+                permit.merge(more);
+            }
+        }
+        let extra = slots.available_permits().min(batch - permit.num_permits());
         if extra > 0
             && let Ok(more) = Arc::clone(slots).try_acquire_many_owned(u32::try_from(extra).unwrap_or(u32::MAX))
         {
