@@ -55,11 +55,11 @@ latency() { # pgbench per-transaction log -> p50 / p99 / max in ms
 }
 
 echo "--- inbox reads, baseline (3 s, $READERS clients)"
-(cd "$tmp" && pgbench -n -q -c "$READERS" -j 2 -T 3 -l -f inbox.sql "$DATABASE_URL" >/dev/null 2>&1)
+(cd "$tmp" && pgbench -n -c "$READERS" -j 2 -T 3 -l -f inbox.sql "$DATABASE_URL" >/dev/null 2>&1)
 latency "$tmp"
 
 echo "--- erasure through the worker, with inbox reads running"
-JOB=$(psql "$DATABASE_URL" -At -v ON_ERROR_STOP=1 <<SQL | tail -1
+JOB=$(psql "$DATABASE_URL" -At -v ON_ERROR_STOP=1 <<SQL | grep -E '^[0-9a-f-]{36}$'
 BEGIN;
 UPDATE contacts SET erased_at = now() WHERE tenant_id = '$TENANT' AND id = '$CONTACT';
 INSERT INTO jobs (id, tenant_id, kind, payload, unique_key, max_attempts, priority)
@@ -68,7 +68,7 @@ VALUES (gen_random_uuid(), '$TENANT', 'erase_contact', json_build_object('contac
 COMMIT;
 SQL
 )
-(cd "$tmp" && pgbench -n -q -c "$READERS" -j 2 -T 4 -l -f inbox.sql "$DATABASE_URL" >/dev/null 2>&1) &
+(cd "$tmp" && pgbench -n -c "$READERS" -j 2 -T 4 -l -f inbox.sql "$DATABASE_URL" >/dev/null 2>&1) &
 readers=$!
 sleep 1
 WORKER_KINDS=erase_contact WORKER_EXIT_WHEN_IDLE=true WORKER_ERASE_BATCH="$BATCH" RUST_LOG=warn \
