@@ -346,11 +346,27 @@ async fn erasure_hides_at_once_and_the_worker_deletes_everything(pool: PgPool) {
     assert_eq!(app.delete(&format!("/v1/contacts/{ann}"), &t.token).await.status, StatusCode::NOT_FOUND);
 
     // The worker deletes the rows; the other contact's stay.
-    let options = breakwater_worker::WorkerOptions::default();
-    while breakwater_worker::run_once(&pool, &options).await.expect("worker round") > 0 {}
-    let state: String =
-        sqlx::query_scalar("SELECT state::text FROM jobs WHERE id = $1").bind(job).fetch_one(&pool).await.expect("job");
-    assert_eq!(state, "completed");
+    let worker = breakwater_worker::Worker::new(pool.clone(), breakwater_worker::WorkerOptions::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { worker.run(stop).await }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state::text FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .expect("job");
+        if state == "completed" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the erasure job is still {state}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    running.await.expect("task").expect("worker stops cleanly");
     let counts: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM contacts), (SELECT count(*) FROM conversations), (SELECT count(*) FROM messages)",
     )

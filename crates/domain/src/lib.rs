@@ -1,4 +1,5 @@
-//! Breakwater's chat domain: tenants, inboxes, contacts, conversations, messages and jobs.
+//! Breakwater's chat domain: tenants, inboxes, contacts, conversations, messages, jobs and
+//! webhooks.
 //!
 //! Architecture invariant: this crate knows nothing of HTTP, Redis or admission control. Every
 //! query that reads or writes tenant data takes a [`TenantId`] and filters by it, so no caller
@@ -15,6 +16,7 @@ mod ids;
 pub mod jobs;
 pub mod messages;
 pub mod tenants;
+pub mod webhooks;
 
 pub use cursor::Cursor;
 pub use error::{DomainError, Result};

@@ -2,6 +2,7 @@
 
 use uuid::Uuid;
 
+use crate::webhooks::{self, WebhookUrl};
 use crate::{Pool, Result, TenantId, UserId, ids::new_id};
 
 /// A user's role, as carried in the JWT.
@@ -44,7 +45,9 @@ pub async fn create_user(pool: &Pool, tenant: TenantId, name: &str, email: &str,
     Ok(UserId(id))
 }
 
-/// Creates an inbox of a tenant, optionally with an outbound webhook.
+/// Creates an inbox of a tenant, optionally with an outbound webhook. The URL must have passed
+/// [`WebhookUrl::validate`] (the type says so); a signing secret is generated for it (read it
+/// with [`webhook_secret`]).
 ///
 /// # Errors
 /// A database error.
@@ -53,20 +56,36 @@ pub async fn create_inbox(
     tenant: TenantId,
     name: &str,
     channel: &str,
-    webhook_url: Option<&str>,
+    webhook: Option<&WebhookUrl>,
 ) -> Result<Uuid> {
     let id = new_id();
+    let secret = webhook.map(|_| webhooks::new_secret());
     sqlx::query!(
-        "INSERT INTO inboxes (tenant_id, id, name, channel, webhook_url) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO inboxes (tenant_id, id, name, channel, webhook_url, webhook_secret)
+         VALUES ($1, $2, $3, $4, $5, $6)",
         tenant.0,
         id,
         name,
         channel,
-        webhook_url
+        webhook.map(WebhookUrl::as_str),
+        secret
     )
     .execute(pool)
     .await?;
     Ok(id)
+}
+
+/// The signing secret of an inbox's webhook, to give to the tenant (who verifies deliveries
+/// with it); `None` when the inbox has no webhook.
+///
+/// # Errors
+/// [`crate::DomainError::NotFound`] when the inbox is not the tenant's.
+pub async fn webhook_secret(pool: &Pool, tenant: TenantId, inbox: Uuid) -> Result<Option<String>> {
+    let row =
+        sqlx::query_scalar!("SELECT webhook_secret FROM inboxes WHERE tenant_id = $1 AND id = $2", tenant.0, inbox)
+            .fetch_optional(pool)
+            .await?;
+    row.ok_or(crate::DomainError::NotFound)
 }
 
 /// A user to act as for a development token: an admin (else an agent) of the tenant with the

@@ -1,121 +1,115 @@
-//! Breakwater's worker: claims jobs from the PostgreSQL queue and runs them.
+//! Breakwater's worker: runs the PostgreSQL job queue of `breakwater_domain::jobs`.
+//!
+//! One [`Worker`] per process: a claim loop that leases due jobs in batches (`FOR UPDATE SKIP
+//! LOCKED`) up to its free slots ([`WorkerOptions::concurrency`]) and runs each in its own
+//! task; a heartbeat that extends the leases of running jobs; a listener woken by
+//! `LISTEN breakwater_jobs` (polling is the fallback); a maintenance task that rescues jobs
+//! whose lease expired and prunes finished ones; and a completer that marks finished jobs done
+//! in batches. On stop it claims nothing more, lets running jobs finish within a budget, then
+//! releases the rest to the queue. `docs/WORKER.md` has the guarantees and their limits.
 //!
 //! Architecture invariant: the worker talks to PostgreSQL through `breakwater_domain` only.
 
+pub mod backoff;
+pub mod client;
+pub mod handlers;
+mod runner;
+
 use std::time::Duration;
 
-use breakwater_domain::jobs::{self, ClaimedJob, kind};
-use breakwater_domain::{Pool, TenantId};
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
+use breakwater_domain::jobs::kind;
 use uuid::Uuid;
 
-/// Rows deleted per statement by an erasure: small enough that no statement holds many locks.
-pub const ERASE_BATCH: i64 = 2_000;
+pub use backoff::Backoff;
+pub use client::{ClientOptions, WebhookClient};
+pub use runner::{Counts, Worker};
 
 /// How a worker process runs.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// Lease owner name (unique per process).
+    /// Lease owner name, unique per process (it fences every update the worker makes).
     pub owner: String,
-    /// Jobs claimed per round.
-    pub batch: i64,
-    /// How long a claimed job is leased.
+    /// The job kinds this process claims.
+    pub kinds: Vec<String>,
+    /// Jobs run at once by this process.
+    pub concurrency: usize,
+    /// Most jobs claimed in one statement (never more than the free slots).
+    pub batch: usize,
+    /// How long a claimed job is leased; heartbeats extend it while the job runs. A worker that
+    /// dies holds its jobs this long before the rescuer returns them.
     pub lease: Duration,
-    /// Sleep between empty polls.
+    /// How often running jobs' leases are extended (well under `lease`).
+    pub heartbeat: Duration,
+    /// How often an idle worker polls when no notification arrives.
     pub poll_interval: Duration,
+    /// How often expired leases are looked for.
+    pub rescue_interval: Duration,
+    /// How often finished jobs are pruned.
+    pub prune_interval: Duration,
+    /// How long completed jobs are kept.
+    pub completed_retention: Duration,
+    /// How long dead jobs are kept (with their last error) for inspection.
+    pub dead_retention: Duration,
+    /// On stop, how long running jobs get to finish before they are interrupted and released.
+    /// Keep it below the container's stop timeout.
+    pub shutdown_budget: Duration,
+    /// The longest one attempt may run.
+    pub job_timeout: Duration,
+    /// Retry delays.
+    pub backoff: Backoff,
+    /// Rows deleted per statement by an erasure.
+    pub erase_batch: i64,
+    /// The webhook client.
+    pub client: ClientOptions,
+    /// Stop once a claim finds nothing due and nothing is running (benchmarks, one-off drains).
+    pub exit_when_idle: bool,
+}
+
+/// Every job kind this worker can run.
+#[must_use]
+pub fn all_kinds() -> Vec<String> {
+    [kind::ERASE_CONTACT, kind::DELIVER_MESSAGE, kind::NOOP].map(String::from).to_vec()
+}
+
+/// A lease owner name: process id plus a random suffix.
+#[must_use]
+pub fn owner_name() -> String {
+    let suffix = Uuid::new_v4().simple().to_string();
+    format!("worker-{}-{}", std::process::id(), &suffix[..8])
 }
 
 impl Default for WorkerOptions {
     fn default() -> Self {
+        let lease = Duration::from_secs(30);
         Self {
-            owner: format!("worker-{}", Uuid::now_v7()),
-            batch: 10,
-            lease: Duration::from_secs(30),
-            poll_interval: Duration::from_millis(500),
+            owner: owner_name(),
+            kinds: all_kinds(),
+            concurrency: 16,
+            batch: 16,
+            lease,
+            heartbeat: lease / 3,
+            poll_interval: Duration::from_secs(1),
+            rescue_interval: Duration::from_secs(5),
+            prune_interval: Duration::from_secs(60),
+            completed_retention: Duration::from_secs(24 * 3600),
+            dead_retention: Duration::from_secs(7 * 24 * 3600),
+            shutdown_budget: Duration::from_secs(20),
+            job_timeout: Duration::from_secs(300),
+            backoff: Backoff::default(),
+            erase_batch: 2_000,
+            client: ClientOptions::default(),
+            exit_when_idle: false,
         }
     }
 }
 
-/// Runs the claim loop until `stop` is cancelled.
-///
-/// # Errors
-/// Never for a job's failure (recorded on the job); only for an unrecoverable setup error.
-pub async fn run(pool: Pool, options: WorkerOptions, stop: CancellationToken) -> anyhow::Result<()> {
-    while !stop.is_cancelled() {
-        match run_once(&pool, &options).await {
-            Ok(0) => {
-                tokio::select! {
-                    () = tokio::time::sleep(options.poll_interval) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-            Ok(_) => {}
-            Err(err) => {
-                tracing::warn!(error = %err, "claiming jobs failed; retrying");
-                tokio::time::sleep(options.poll_interval).await;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Claims one batch and runs it; returns how many jobs were claimed.
-///
-/// # Errors
-/// When claiming fails.
-pub async fn run_once(pool: &Pool, options: &WorkerOptions) -> anyhow::Result<usize> {
-    let claimed = jobs::claim(pool, &options.owner, options.batch, options.lease.as_secs_f64()).await?;
-    let n = claimed.len();
-    for job in claimed {
-        let outcome = execute(pool, &job).await;
-        match outcome {
-            Ok(()) => {
-                jobs::complete(pool, job.id, &options.owner).await?;
-            }
-            Err(JobError { message, permanent }) => {
-                let backoff = 2f64.powi(job.attempts.min(10));
-                tracing::warn!(job = %job.id, kind = %job.kind, attempt = job.attempts, error = %message, "job failed");
-                jobs::fail(pool, job.id, &options.owner, &message, backoff, permanent).await?;
-            }
-        }
-    }
-    Ok(n)
-}
-
-struct JobError {
-    message: String,
-    permanent: bool,
-}
-
-impl JobError {
-    fn permanent(message: impl Into<String>) -> Self {
-        Self { message: message.into(), permanent: true }
-    }
-
-    fn transient(message: impl Into<String>) -> Self {
-        Self { message: message.into(), permanent: false }
-    }
-}
-
-#[derive(Deserialize)]
-struct EraseContact {
-    contact_id: Uuid,
-}
-
-async fn execute(pool: &Pool, job: &ClaimedJob) -> Result<(), JobError> {
-    match job.kind.as_str() {
-        kind::ERASE_CONTACT => {
-            let args: EraseContact = serde_json::from_value(job.payload.clone())
-                .map_err(|e| JobError::permanent(format!("bad payload: {e}")))?;
-            let tenant = job.tenant_id.map(TenantId).ok_or_else(|| JobError::permanent("erasure without tenant"))?;
-            let (messages, conversations) =
-                breakwater_domain::contacts::erase(pool, tenant, args.contact_id, ERASE_BATCH)
-                    .await
-                    .map_err(|e| JobError::transient(e.to_string()))?;
-            tracing::info!(job = %job.id, messages, conversations, "contact erased");
-            Ok(())
-        }
-        other => Err(JobError::permanent(format!("no handler for job kind `{other}` in this worker"))),
+impl WorkerOptions {
+    /// Options for a short lease, with heartbeat and rescue intervals derived from it.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.heartbeat = lease / 3;
+        self.rescue_interval = (lease / 4).max(Duration::from_millis(50));
+        self
     }
 }
