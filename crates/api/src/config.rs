@@ -172,9 +172,21 @@ pub struct Config {
     /// Largest request body accepted, in bytes; larger ones get 413 before anything else runs.
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub body_limit_bytes: usize,
-    /// Most open client connections; further connections wait in the listen backlog.
+    /// Most open client connections; what happens to further ones is `CONNECTION_OVERFLOW`.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Past `MAX_CONNECTIONS`: `refuse` (accept, answer a canned 503 `load_shed` without running
+    /// the app, except health and ops requests, which are served) or `backlog` (stop accepting;
+    /// connections wait in the kernel's listen backlog).
+    #[arg(long, env = "CONNECTION_OVERFLOW", value_enum, default_value = "refuse")]
+    pub connection_overflow: crate::server::ConnectionOverflow,
+    /// Most connections being refused at once past the cap; further ones are reset at accept.
+    #[arg(long, env = "MAX_REFUSING_CONNECTIONS", default_value_t = 512)]
+    pub max_refusing_connections: usize,
+    /// The listen socket's backlog: connections the kernel holds before the accept loop takes
+    /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
+    #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]
+    pub listen_backlog: u32,
     /// How long an idle keep-alive connection is kept, in seconds. Must exceed the load
     /// balancer's idle timeout (an ALB's is 60 s): a server that closes first causes resets.
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 75)]

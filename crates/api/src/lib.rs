@@ -167,7 +167,7 @@ pub async fn start_with_pool(
     config.validate()?;
     let listener = match listener {
         Some(l) => l,
-        None => TcpListener::bind(config.bind_addr).await?,
+        None => server::bind(config.bind_addr, config.listen_backlog)?,
     };
     let addr = listener.local_addr()?;
     let redis = redis::pool(&config.redis_url)?;

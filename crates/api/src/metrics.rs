@@ -54,6 +54,8 @@ pub struct Metrics {
 struct LiveGauges {
     connections_open: Gauge,
     connections_max: Gauge,
+    connections_refused: Gauge,
+    connections_reset: Gauge,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
     bulkhead_waiting: Gauge,
@@ -118,6 +120,16 @@ impl Metrics {
         let g = &gauges;
         registry.register("connections_open", "Open client connections", g.connections_open.clone());
         registry.register("connections_max", "Connection cap", g.connections_max.clone());
+        registry.register(
+            "connections_refused",
+            "Connections answered 503 load_shed at accept (over the cap) since start",
+            g.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_reset",
+            "Connections reset at accept (over the cap, refusals saturated) since start",
+            g.connections_reset.clone(),
+        );
         registry.register("bulkhead_slots", "Database bulkhead slots", g.bulkhead_size.clone());
         registry.register("bulkhead_in_use", "Database bulkhead slots held", g.bulkhead_in_use.clone());
         registry.register("bulkhead_waiting", "Requests waiting for a database slot", g.bulkhead_waiting.clone());
@@ -186,6 +198,8 @@ impl Metrics {
         let usize_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         g.connections_open.set(usize_i64(state.connections.open()));
         g.connections_max.set(usize_i64(state.connections.max()));
+        g.connections_refused.set(to_i64(state.connections.refused()));
+        g.connections_reset.set(to_i64(state.connections.reset()));
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
         g.bulkhead_in_use.set(usize_i64(b.in_use));

@@ -54,7 +54,11 @@ impl AppState {
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
             redis,
-            connections: Arc::new(Connections::new(config.max_connections)),
+            connections: Arc::new(Connections::new(
+                config.max_connections,
+                config.connection_overflow,
+                config.max_refusing_connections,
+            )),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             started_at: Instant::now(),
             jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),

@@ -62,6 +62,18 @@ pub(crate) struct Connections {
     max: usize,
     /// Connections open now.
     open: usize,
+    /// What happens to a connection past `max`.
+    overflow: crate::server::ConnectionOverflow,
+    /// Most connections being refused at once past `max`; further ones are reset.
+    refusing_max: usize,
+    /// Connections answered the canned 503 past `max`, since start.
+    refused: u64,
+    /// Connections reset at accept (too many refusals under way), since start.
+    reset: u64,
+    /// Health and ops requests served on connections past `max`, since start.
+    served_over_cap: u64,
+    /// The listen socket's backlog as configured (the kernel caps it at `net.core.somaxconn`).
+    listen_backlog: u32,
     /// Idle keep-alive timeout, seconds (longer than the load balancer's).
     keep_alive_timeout_seconds: u64,
     /// Header read timeout, seconds.
@@ -120,6 +132,12 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             connections: Connections {
                 max: cfg.max_connections,
                 open: state.connections.open(),
+                overflow: state.connections.overflow(),
+                refusing_max: state.connections.refusing_max(),
+                refused: state.connections.refused(),
+                reset: state.connections.reset(),
+                served_over_cap: state.connections.served_over_cap(),
+                listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
                 request_timeout_seconds: cfg.request_timeout_secs,
