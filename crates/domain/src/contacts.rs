@@ -89,7 +89,14 @@ pub async fn list(
             let (k, id) = c.text().map_err(|e| DomainError::BadQuery(e.to_string()))?;
             (k.to_owned(), id)
         }
-        None => (String::new(), Uuid::nil()),
+        // A prefix search starts its keyset at the prefix: every match sorts at or after it, so
+        // the index scan begins at the first candidate instead of filtering from the start.
+        None => match search {
+            ContactSearch::All => (String::new(), Uuid::nil()),
+            ContactSearch::NamePrefix(prefix) | ContactSearch::EmailPrefix(prefix) => {
+                (prefix.to_lowercase(), Uuid::nil())
+            }
+        },
     };
     let n = i64::from(limit) + 1;
     let t = tenant.0;
