@@ -7,6 +7,7 @@ requests answered. Server CPU is counted, not wall time, so a busy machine chang
 
 Variants (all GET /v1/conversations, the inbox):
   edge          MAX_CONNECTIONS=0: every connection is over the cap and gets the canned 503
+  edge-reset    MAX_CONNECTIONS=0, MAX_REFUSING_CONNECTIONS=0: every connection is reset at accept
   app-new-conn  no token: a 401 from the auth layer, one new connection per request
                 (hyper, admission, the router and the JWT check ran)
   app-keepalive no token: a 401 on kept-alive connections (no connection setup)
@@ -57,9 +58,15 @@ async def new_connection_each(port, count, statuses):
     for _ in range(count):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(REQUEST)
-        statuses.append(await read_response(reader))
+        try:
+            statuses.append(await read_response(reader))
+        except (ConnectionResetError, asyncio.IncompleteReadError):
+            statuses.append("reset")
         writer.close()
-        await writer.wait_closed()
+        try:
+            await writer.wait_closed()
+        except ConnectionResetError:
+            pass
 
 
 async def keep_alive(port, count, statuses):
@@ -111,7 +118,7 @@ def run(binary, name, env_extra, fresh, args):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    kinds = sorted(set(statuses))
+    kinds = sorted(set(map(str, statuses)))
     return {"variant": name, "requests": len(statuses), "statuses": kinds,
             "cpu_us_per_request": used / len(statuses) * 1e6, "req_per_s": len(statuses) / wall}
 
@@ -127,6 +134,7 @@ def main():
         sys.exit("set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)")
     variants = [
         ("edge", {"MAX_CONNECTIONS": "0"}, True),
+        ("edge-reset", {"MAX_CONNECTIONS": "0", "MAX_REFUSING_CONNECTIONS": "0"}, True),
         ("app-new-conn", {}, True),
         ("app-keepalive", {}, False),
     ]

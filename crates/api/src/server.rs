@@ -200,11 +200,11 @@ where
             },
             () = shutdown.cancelled() => break,
         };
-        let _ = stream.set_nodelay(true);
         let Ok(permit) = reserved.map_or_else(|| connections.permits.clone().try_acquire_owned(), Ok) else {
             shed(stream, peer, &connections, &single_request, &app, options, &shutdown, &tracker);
             continue;
         };
+        let _ = stream.set_nodelay(true);
         let connections = connections.clone();
         connections.open.fetch_add(1, Ordering::Relaxed);
         let builder = builder.clone();
