@@ -173,9 +173,10 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     assert_eq!(value(&m, "breakwater_bulkhead_slots", &[]), Some(3.0));
     assert_eq!(value(&m, "breakwater_bulkhead_in_use", &[]), Some(0.0));
     assert_eq!(value(&m, "breakwater_bulkhead_acquire_timeouts", &[]), Some(0.0));
+    // (The pool is the test harness's, so its size is not ours to set; the bulkhead's is.)
     let open = value(&m, "breakwater_pool_connections", &[]).expect("pool size");
     let idle = value(&m, "breakwater_pool_idle_connections", &[]).expect("idle");
-    assert!((1.0..=3.0).contains(&open) && idle <= open, "open {open}, idle {idle}");
+    assert!(open >= 1.0 && idle <= open, "open {open}, idle {idle}");
     // The queue: the two no-ops wait, the oldest for 30 s; the erasure job is due too.
     assert_eq!(value(&m, "breakwater_jobs", &[("kind", "noop"), ("state", "ready")]), Some(2.0));
     assert_eq!(value(&m, "breakwater_jobs", &[("kind", "erase_contact"), ("state", "ready")]), Some(1.0));
@@ -277,7 +278,12 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_dashboard_and_the_alerts_query_only_metrics_the_app_exports(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &[]).await;
+    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "0"]).await;
+    // A family appears once it has a series: one request and one job.
+    assert_eq!(app.call(reqwest::Method::GET, "/health", None, None).await.status, StatusCode::OK);
+    let mut tx = pool.begin().await.expect("tx");
+    jobs::enqueue(&mut tx, NewJob::new(jobs::kind::NOOP, json!({}))).await.expect("enqueue");
+    tx.commit().await.expect("commit");
     let text = app.send(app.http.get(app.url("/metrics"))).await.text;
     let exported = exported_names(&text);
     assert!(exported.contains("breakwater_http_requests_total"), "{exported:?}");
