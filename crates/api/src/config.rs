@@ -194,7 +194,8 @@ pub struct Config {
     #[arg(long, env = "JOBS_STATS_TTL_MS", default_value_t = 5_000)]
     pub jobs_stats_ttl_ms: u64,
     /// The longest `/metrics` or `/v1/ops/status` waits for the job queue's figures, in ms;
-    /// past it the previous figures are served (with their age).
+    /// past it the previous figures are served (with their age) while the query finishes in
+    /// the background.
     #[arg(long, env = "JOBS_STATS_TIMEOUT_MS", default_value_t = 250)]
     pub jobs_stats_timeout_ms: u64,
     /// How often the tokio runtime's figures are sampled for `/metrics`, in ms.

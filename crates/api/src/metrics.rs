@@ -393,7 +393,7 @@ fn register_jobs(registry: &mut Registry, j: &JobGauges) {
     );
     registry.register(
         "jobs_stats_failures",
-        "Job queue figure reads that failed or timed out since start",
+        "Job queue figure reads that failed since start",
         j.stats_failures.clone(),
     );
 }

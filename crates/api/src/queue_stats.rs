@@ -1,15 +1,19 @@
 //! The job queue's figures (`breakwater_domain::jobs::stats`) for `/v1/ops/status` and
 //! `/metrics`, read through a short cache so that scrapes and status calls cost at most one
-//! stats query per `JOBS_STATS_TTL_MS`, and with a bounded wait so that a slow or unreachable
-//! database cannot hang either endpoint: past `JOBS_STATS_TIMEOUT_MS` the last figures are
-//! served, marked by their age, or none at all.
+//! stats query per `JOBS_STATS_TTL_MS`, however many arrive.
+//!
+//! The query runs in a task of its own, one at a time; a caller waits for it at most
+//! `JOBS_STATS_TIMEOUT_MS`, then gets the previous figures (with their age), or none before the
+//! first answer. A slow query (a large backlog, a busy database) therefore never holds a scrape,
+//! yet still lands for the next one: it is bounded by the pool's `statement_timeout`, not by the
+//! caller's patience.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use breakwater_domain::jobs::{self, QueueStats};
-use tokio::sync::Mutex;
+use tokio::sync::watch;
 
 /// Figures and when they were read.
 #[derive(Debug, Clone)]
@@ -28,56 +32,86 @@ impl Reading {
     }
 }
 
-/// The cache. One reader refreshes at a time; the others wait for its answer.
+/// The cache.
 #[derive(Debug)]
 pub struct QueueStatsCache {
     ttl: Duration,
     timeout: Duration,
-    last: Mutex<Option<Reading>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Bumped after every refresh, answered or failed.
+    refreshed: watch::Sender<u64>,
     failures: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    last: Option<Reading>,
+    refreshing: bool,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl QueueStatsCache {
     /// Figures kept `ttl`, a refresh waited for at most `timeout`.
     #[must_use]
     pub fn new(ttl: Duration, timeout: Duration) -> Self {
-        Self { ttl, timeout, last: Mutex::new(None), failures: AtomicU64::new(0) }
+        let shared = Shared {
+            state: Mutex::new(State::default()),
+            refreshed: watch::Sender::new(0),
+            failures: AtomicU64::new(0),
+        };
+        Self { ttl, timeout, shared: Arc::new(shared) }
     }
 
-    /// Stats queries that failed or timed out since start.
+    /// Stats queries that failed since start.
     #[must_use]
     pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
+        self.shared.failures.load(Ordering::Relaxed)
     }
 
     /// The figures: fresh ones when the cached ones are older than the TTL and the database
-    /// answers in time, the last ones otherwise (`None` before the first answer).
+    /// answers within the timeout, the last ones otherwise (`None` before the first answer).
     pub async fn get(&self, pool: &sqlx::PgPool) -> Option<Reading> {
-        // Waiting for another caller's refresh is bounded by the same timeout.
-        let Ok(mut last) = tokio::time::timeout(self.timeout, self.last.lock()).await else {
-            return None;
-        };
-        if let Some(r) = last.as_ref()
-            && r.age() < self.ttl
+        let mut refreshed = self.shared.refreshed.subscribe();
         {
-            return Some(r.clone());
+            let mut state = self.shared.state();
+            if let Some(r) = &state.last
+                && r.age() < self.ttl
+            {
+                return Some(r.clone());
+            }
+            if !state.refreshing {
+                state.refreshing = true;
+                tokio::spawn(refresh(Arc::clone(&self.shared), pool.clone()));
+            }
         }
-        match tokio::time::timeout(self.timeout, jobs::stats(pool)).await {
-            Ok(Ok(stats)) => {
-                let reading = Reading { stats: Arc::new(stats), read_at: Instant::now() };
-                *last = Some(reading.clone());
-                Some(reading)
-            }
-            Ok(Err(e)) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
+        // Late or failed: the previous figures, if any.
+        let _ = tokio::time::timeout(self.timeout, refreshed.changed()).await;
+        self.shared.state().last.clone()
+    }
+}
+
+async fn refresh(shared: Arc<Shared>, pool: sqlx::PgPool) {
+    let result = jobs::stats(&pool).await;
+    {
+        let mut state = shared.state();
+        state.refreshing = false;
+        match result {
+            Ok(stats) => state.last = Some(Reading { stats: Arc::new(stats), read_at: Instant::now() }),
+            Err(e) => {
+                shared.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "reading the job queue's figures failed");
-                last.clone()
-            }
-            Err(_) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(timeout = ?self.timeout, "reading the job queue's figures timed out");
-                last.clone()
             }
         }
     }
+    shared.refreshed.send_modify(|n| *n = n.wrapping_add(1));
 }
