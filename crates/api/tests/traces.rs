@@ -1,7 +1,8 @@
 //! OpenTelemetry through the real API and worker: with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at
 //! an in-test OTLP/HTTP receiver, a request carrying a W3C `traceparent` produces a server span
 //! in the caller's trace, named by its matched route, with the domain's SQL span under it; the
-//! worker that runs the job the request enqueued continues the same trace.
+//! worker that runs the job the request enqueued continues the same trace; a posted message's
+//! delivery job carries the trace context too.
 //!
 //! One test in this binary: it installs the process's global subscriber.
 
@@ -199,6 +200,44 @@ async fn a_request_and_the_job_it_enqueued_are_one_trace(pool: PgPool) {
     // And the worker's SQL under the job.
     let erase = find("db contacts.erase");
     assert_eq!(erase.parent_span_id, job.span_id);
+
+    // Posting a message carries the trace to its delivery job the same way.
+    let policy = breakwater_domain::webhooks::WebhookPolicy::development().allow_private(true);
+    let hook = breakwater_domain::webhooks::WebhookUrl::parse("http://127.0.0.1:9/hook", &policy).expect("url");
+    let inbox =
+        breakwater_domain::tenants::create_inbox(&pool, t.id, "Hooked", "web", Some(&hook)).await.expect("inbox");
+    let bob = contacts::create(&pool, t.id, NewContact { name: "Bob".into(), email: None }).await.expect("contact").id;
+    let conversation = breakwater_domain::conversations::create(
+        &pool,
+        t.id,
+        breakwater_domain::conversations::NewConversation {
+            contact_id: bob,
+            inbox_id: inbox,
+            assignee_id: None,
+            status: breakwater_domain::conversations::ConversationStatus::Open,
+        },
+    )
+    .await
+    .expect("conversation")
+    .id;
+    let other_trace = "0af7651916cd43dd8448eb211c80319c";
+    let r = app
+        .send(
+            app.http
+                .post(app.url(&format!("/v1/conversations/{conversation}/messages")))
+                .bearer_auth(&t.token)
+                .header("traceparent", format!("00-{other_trace}-b7ad6b7169203331-01"))
+                .json(&serde_json::json!({"body": "hello"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let delivery =
+        sqlx::query_scalar::<_, Option<String>>("SELECT traceparent FROM jobs WHERE kind = 'deliver_message'")
+            .fetch_one(&pool)
+            .await
+            .expect("the delivery job")
+            .expect("the delivery job carries the request's trace context");
+    assert!(delivery.starts_with(&format!("00-{other_trace}-")), "{delivery}");
 
     // A request without a traceparent starts its own trace.
     let r = app.get(&format!("/v1/contacts/{ann}"), &t.token).await;
