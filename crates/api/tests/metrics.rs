@@ -84,8 +84,11 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
             "3",
             "--db-pool-size",
             "3",
+            // Fresh queue figures on every scrape, however slow the machine.
             "--jobs-stats-ttl-ms",
             "0",
+            "--jobs-stats-timeout-ms",
+            "10000",
         ],
     )
     .await;
@@ -199,8 +202,9 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_queue_figures_are_cached_and_a_slow_database_cannot_hang_a_scrape(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "60000", "--jobs-stats-timeout-ms", "200"]).await;
+    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "60000", "--jobs-stats-timeout-ms", "10000"]).await;
     let first = scrape(&app).await;
+    assert!(value(&first, "breakwater_jobs_stats_age_seconds", &[]).is_some_and(|a| a >= 0.0), "answered");
     assert_eq!(value(&first, "breakwater_jobs_oldest_ready_age_seconds", &[]), Some(0.0));
     // A job enqueued now is not seen until the cached figures expire.
     let mut tx = pool.begin().await.expect("tx");
@@ -295,7 +299,7 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_dashboard_and_the_alerts_query_only_metrics_the_app_exports(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "0"]).await;
+    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "0", "--jobs-stats-timeout-ms", "10000"]).await;
     // A family appears once it has a series: one request and one job.
     assert_eq!(app.call(reqwest::Method::GET, "/health", None, None).await.status, StatusCode::OK);
     let mut tx = pool.begin().await.expect("tx");
