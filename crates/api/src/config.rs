@@ -201,6 +201,22 @@ pub struct Config {
     /// container's stop timeout.
     #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 25)]
     pub shutdown_grace_secs: u64,
+    /// How long the job queue's figures (on `/metrics` and `/v1/ops/status`) are reused before
+    /// the database is asked again, in ms.
+    #[arg(long, env = "JOBS_STATS_TTL_MS", default_value_t = 5_000)]
+    pub jobs_stats_ttl_ms: u64,
+    /// The longest `/metrics` or `/v1/ops/status` waits for the job queue's figures, in ms;
+    /// past it the previous figures are served (with their age) while the query finishes in
+    /// the background.
+    #[arg(long, env = "JOBS_STATS_TIMEOUT_MS", default_value_t = 250)]
+    pub jobs_stats_timeout_ms: u64,
+    /// How often the tokio runtime's figures are sampled for `/metrics`, in ms.
+    #[arg(long, env = "RUNTIME_METRICS_INTERVAL_MS", default_value_t = 1_000)]
+    pub runtime_metrics_interval_ms: u64,
+    /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
+    /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "pretty")]
     pub log_format: LogFormat,
@@ -282,6 +298,11 @@ impl Config {
         if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 {
             return Err(ConfigError::Timeouts("timeouts must be at least one second"));
         }
+        if self.jobs_stats_timeout_ms == 0 || self.runtime_metrics_interval_ms < 10 {
+            return Err(ConfigError::Timeouts(
+                "JOBS_STATS_TIMEOUT_MS must be positive and RUNTIME_METRICS_INTERVAL_MS at least 10",
+            ));
+        }
         Ok(())
     }
 
@@ -301,6 +322,24 @@ impl Config {
     #[must_use]
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// How long the job queue's figures are reused.
+    #[must_use]
+    pub fn jobs_stats_ttl(&self) -> Duration {
+        Duration::from_millis(self.jobs_stats_ttl_ms)
+    }
+
+    /// The longest wait for the job queue's figures.
+    #[must_use]
+    pub fn jobs_stats_timeout(&self) -> Duration {
+        Duration::from_millis(self.jobs_stats_timeout_ms)
+    }
+
+    /// The tokio runtime's sampling interval.
+    #[must_use]
+    pub fn runtime_metrics_interval(&self) -> Duration {
+        Duration::from_millis(self.runtime_metrics_interval_ms)
     }
 
     /// Shutdown grace period.

@@ -36,6 +36,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Open client connections, counted by the server.
     pub connections: Arc<Connections>,
+    /// The job queue's figures, cached.
+    pub queue_stats: Arc<crate::queue_stats::QueueStatsCache>,
     /// When the process started.
     pub started_at: Instant,
 }
@@ -60,6 +62,10 @@ impl AppState {
                 config.max_refusing_connections,
             )),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            queue_stats: Arc::new(crate::queue_stats::QueueStatsCache::new(
+                config.jobs_stats_ttl(),
+                config.jobs_stats_timeout(),
+            )),
             started_at: Instant::now(),
             jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
             config: Arc::new(config),

@@ -46,6 +46,20 @@ pub(crate) struct Layers {
     pool: Pool,
     /// PostgreSQL's own connection limit.
     postgres: Postgres,
+    /// The job queue behind the API (message deliveries, erasures); null when the database has
+    /// not answered in time since start.
+    jobs: Option<Jobs>,
+}
+
+/// The job queue's figures, read through a cache (`JOBS_STATS_TTL_MS`) with a bounded wait
+/// (`JOBS_STATS_TIMEOUT_MS`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Jobs {
+    /// How old these figures are, seconds.
+    age_seconds: f64,
+    /// The figures.
+    #[serde(flatten)]
+    stats: breakwater_domain::jobs::QueueStats,
 }
 
 /// PostgreSQL's own limits.
@@ -118,6 +132,11 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     .ok()
     .and_then(Result::ok)
     .and_then(|v| v.parse().ok());
+    let jobs = state
+        .queue_stats
+        .get(&state.pool)
+        .await
+        .map(|r| Jobs { age_seconds: r.age().as_secs_f64(), stats: (*r.stats).clone() });
     let size = state.pool.size();
     let idle = state.pool.num_idle();
     Json(OpsStatus {
@@ -155,6 +174,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 statement_timeout_ms: cfg.db.db_statement_timeout_ms,
             },
             postgres: Postgres { max_connections },
+            jobs,
         },
     })
 }
