@@ -12,7 +12,7 @@ Variants (all GET /v1/conversations, the inbox):
                 (hyper, admission, the router and the JWT check ran)
   app-keepalive no token: a 401 on kept-alive connections (no connection setup)
 
-Usage: python3 crates/api/bench/refusal_cost.py [--requests N] [--concurrency C] [--binary PATH]
+Usage: python3 crates/api/bench/refusal_cost.py [--requests N] [--concurrency C] [--binary PATH ...]
 Needs DATABASE_URL (the API connects lazily; no query runs) and a release build:
   cargo build --release -p breakwater-api
 """
@@ -56,11 +56,15 @@ async def read_response(reader):
 
 async def new_connection_each(port, count, statuses):
     for _ in range(count):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(REQUEST)
         try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionResetError:
+            statuses.append("reset")
+            continue
+        try:
+            writer.write(REQUEST)
             statuses.append(await read_response(reader))
-        except (ConnectionResetError, asyncio.IncompleteReadError):
+        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
             statuses.append("reset")
         writer.close()
         try:
@@ -96,6 +100,8 @@ def wait_ready(port, proc):
                 s.sendall(b"GET /health HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
                 if s.recv(16).startswith(b"HTTP/1.1"):
                     return
+        except ConnectionResetError:
+            return  # listening, and resetting every connection (edge-reset)
         except OSError:
             time.sleep(0.1)
     sys.exit("breakwater-api did not answer /health within 30 s")
@@ -128,7 +134,9 @@ def main():
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--binary", default="target/release/breakwater-api")
+    parser.add_argument("--binary", action="append",
+                        help="the API binary (repeat to compare builds in one run; "
+                        "default target/release/breakwater-api)")
     args = parser.parse_args()
     if "DATABASE_URL" not in os.environ:
         sys.exit("set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)")
@@ -138,17 +146,20 @@ def main():
         ("app-new-conn", {}, True),
         ("app-keepalive", {}, False),
     ]
-    results = {name: [] for name, _, _ in variants}
+    binaries = args.binary or ["target/release/breakwater-api"]
+    label = (lambda b, n: n) if len(binaries) == 1 else (lambda b, n: f"{os.path.basename(b)}:{n}")
+    results = {label(b, name): [] for b in binaries for name, _, _ in variants}
     # Rounds interleave the variants so that drift in the machine's load hits them alike.
     for round_no in range(args.rounds):
-        for name, env_extra, fresh in variants:
-            r = run(args.binary, name, env_extra, fresh, args)
-            results[name].append(r)
-            print(f"round {round_no + 1} {name:14} {r['requests']} requests, statuses {r['statuses']}, "
-                  f"{r['cpu_us_per_request']:.1f} us server CPU each, {r['req_per_s']:.0f} req/s", flush=True)
+        for binary in binaries:
+            for name, env_extra, fresh in variants:
+                r = run(binary, label(binary, name), env_extra, fresh, args)
+                results[label(binary, name)].append(r)
+                print(f"round {round_no + 1} {r['variant']:14} {r['requests']} requests, statuses {r['statuses']}, "
+                      f"{r['cpu_us_per_request']:.1f} us server CPU each, {r['req_per_s']:.0f} req/s", flush=True)
     print("\nvariant          server CPU per request (median of rounds)")
     for name, rs in results.items():
-        print(f"{name:16} {statistics.median(r['cpu_us_per_request'] for r in rs):6.1f} us")
+        print(f"{name:40} {statistics.median(r['cpu_us_per_request'] for r in rs):6.1f} us")
 
 
 if __name__ == "__main__":
