@@ -1265,6 +1265,8 @@ async fn fuzz(lab: &Lab, api: &Api, report: &mut Report) -> anyhow::Result<()> {
             .args(["--phases", "examples,coverage,fuzzing", "--no-color"])
             .args(["-H", &format!("Authorization: Bearer {}", tenant.token)])
             .env("SCHEMATHESIS_HOOKS", "")
+            // It keeps a cache (.schemathesis/) in its working directory: the lab's, not the repository.
+            .current_dir(&lab.dir)
             .kill_on_drop(true)
             .output();
         let out = tokio::time::timeout(Duration::from_secs(budget + 120), out).await.context("schemathesis hung")??;
