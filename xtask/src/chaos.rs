@@ -568,7 +568,8 @@ fn stop_api(api: &mut Api) {
 fn report_panics(api: &Api, scenario: &'static str, report: &mut Report) {
     let log = std::fs::read_to_string(&api.log).unwrap_or_default();
     let panics = log.lines().filter(|l| l.contains("panicked")).count();
-    report.check(scenario, &format!("panics in the API log (port {})", api.port), "0", panics.to_string(), panics == 0);
+    let what = format!("panics in the API log (pid {}, port {})", api.pid, api.port);
+    report.check(scenario, &what, "0", panics.to_string(), panics == 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1295,6 +1296,6 @@ async fn fuzz(lab: &Lab, api: &Api, report: &mut Report) -> anyhow::Result<()> {
             out.status.success(),
         );
     }
-    report_panics(api, S, report);
+    // The API's log is searched for panics when it stops, after this scenario.
     Ok(())
 }
