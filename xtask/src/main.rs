@@ -5,8 +5,10 @@
 //! - `cargo xtask test`: every test, against a real PostgreSQL and Redis.
 //! - `cargo xtask pinned -- <command...>`: a command in a cgroup at the production task's shape.
 //! - `cargo xtask bench-queries`: the API's queries timed on the full skewed seed.
+//! - `cargo xtask chaos [--quick]`: the reliability suite (faults and hostile input, under load).
 
 mod bench_queries;
+mod chaos;
 mod services;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +35,9 @@ enum Command {
     /// Times the API's queries on the full skewed seed and saves their plans (docs/explain/,
     /// docs/PERFORMANCE.md); fails if a plan scans conversations, messages or contacts.
     BenchQueries(bench_queries::Args),
+    /// The reliability suite: PostgreSQL and Redis faults, SIGTERM, hostile clients and fuzzing,
+    /// under load, against private servers; exits non-zero on any violated expectation.
+    Chaos(chaos::ChaosArgs),
 }
 
 mod dev;
@@ -43,6 +48,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     match cli.command {
         Command::BenchQueries(args) => bench_queries::main(&args),
+        Command::Chaos(args) => runtime()?.block_on(chaos::run(args)),
         Command::Dev(args) => runtime()?.block_on(dev::run(args)),
         Command::Test { args } => runtime()?.block_on(test(args)),
         Command::Pinned(args) => runtime()?.block_on(pinned::run(args)),

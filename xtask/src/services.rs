@@ -90,28 +90,75 @@ pub(crate) async fn ensure_postgres(url: &str) -> anyhow::Result<String> {
     }
     let data = root().join("target").join("pgdata");
     eprintln!("no PostgreSQL at {url}: starting a private cluster in target/pgdata on port {port}");
-    let as_postgres = is_root();
-    if !data.join("PG_VERSION").exists() {
-        std::fs::create_dir_all(&data)?;
-        if as_postgres {
-            run(Command::new("chown").arg("-R").arg("postgres").arg(&data))?;
-        }
-        run(pg_command(as_postgres, &bin.join("initdb"))
-            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-D"])
-            .arg(&data))
-        .context("initdb")?;
-    }
-    let log = data.join("server.log");
-    run(pg_command(as_postgres, &bin.join("pg_ctl"))
-        .arg("-D")
-        .arg(&data)
-        .arg("-l")
-        .arg(&log)
-        .arg("-o")
-        .arg(format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", data.display()))
-        .args(["-w", "start"]))
-    .context("pg_ctl start")?;
+    let cluster = Cluster { bin, data, port, as_postgres: is_root() };
+    cluster.init()?;
+    cluster.start()?;
     Ok(private)
+}
+
+/// A private PostgreSQL cluster: a data directory and a port, started and stopped with pg_ctl
+/// (as the `postgres` user when we run as root, which PostgreSQL refuses).
+#[derive(Debug)]
+pub(crate) struct Cluster {
+    bin: PathBuf,
+    /// The data directory (also holds the Unix socket and `server.log`).
+    pub(crate) data: PathBuf,
+    /// The TCP port on 127.0.0.1.
+    pub(crate) port: u16,
+    as_postgres: bool,
+}
+
+impl Cluster {
+    /// A cluster in `data` on `port`; fails when PostgreSQL's server binaries are not installed.
+    pub(crate) fn new(data: PathBuf, port: u16) -> anyhow::Result<Self> {
+        let bin = postgres_bin_dir().context("PostgreSQL's server binaries (initdb, pg_ctl) are not installed")?;
+        Ok(Self { bin, data, port, as_postgres: is_root() })
+    }
+
+    /// Creates the data directory unless it holds a cluster already.
+    pub(crate) fn init(&self) -> anyhow::Result<()> {
+        if self.data.join("PG_VERSION").exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.data)?;
+        if self.as_postgres {
+            run(Command::new("chown").arg("-R").arg("postgres").arg(&self.data))?;
+        }
+        run(pg_command(self.as_postgres, &self.bin.join("initdb"))
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-D"])
+            .arg(&self.data)
+            .stdout(std::process::Stdio::null()))
+        .context("initdb")
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub(crate) fn start(&self) -> anyhow::Result<()> {
+        run(pg_command(self.as_postgres, &self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(self.data.join("server.log"))
+            .arg("-o")
+            .arg(format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.data.display()))
+            .args(["-w", "start"])
+            .stdout(std::process::Stdio::null()))
+        .context("pg_ctl start")
+    }
+
+    /// Stops the server (`fast`: open sessions are ended, as in a failover or a restart).
+    pub(crate) fn stop(&self) -> anyhow::Result<()> {
+        run(pg_command(self.as_postgres, &self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "stop"])
+            .stdout(std::process::Stdio::null()))
+        .context("pg_ctl stop")
+    }
+
+    /// The URL of database `db` on this cluster.
+    pub(crate) fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
 }
 
 fn database_name(url: &str) -> String {

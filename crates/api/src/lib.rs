@@ -118,7 +118,20 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(middleware::from_fn_with_state(state.clone(), close_when_draining))
         .with_state(state)
+}
+
+/// Once shutdown has begun, every HTTP/1 response says `Connection: close`, so clients stop
+/// reusing their connections during the drain instead of sending a request on an idle one just
+/// as the server closes it (the keep-alive race `cargo xtask chaos` measured at SIGTERM).
+async fn close_when_draining(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
+    let http1 = req.version() < axum::http::Version::HTTP_2;
+    let mut response = next.run(req).await;
+    if http1 && state.is_shutting_down() {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// The whole app as served: the body cap, then admission control, outside the routes, so an

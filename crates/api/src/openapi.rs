@@ -1,8 +1,10 @@
 //! The OpenAPI document, generated from the handlers' annotations and served at `/openapi.json`.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
+use crate::error::ErrorEnvelope;
 use crate::routes::{contacts, conversations, health, messages, ops};
 
 /// The API's OpenAPI description.
@@ -16,7 +18,8 @@ use crate::routes::{contacts, conversations, health, messages, ops};
         contacts::list, contacts::show, contacts::create, contacts::erase,
         health::health, health::ready, ops::status,
     ),
-    modifiers(&BearerAuth),
+    components(schemas(breakwater_domain::messages::Order)),
+    modifiers(&BearerAuth, &LayerResponses),
     tags((name = "conversations"), (name = "messages"), (name = "contacts"), (name = "ops"))
 )]
 pub struct ApiDoc;
@@ -30,5 +33,60 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").build()),
         );
+    }
+}
+
+/// The refusals the layers in front of every tenant route may answer with, whatever the handler
+/// does: documented once here rather than on each handler, so the document cannot drift from
+/// the layers (the chaos suite's schemathesis run fails on any undocumented status).
+struct LayerResponses;
+
+impl Modify for LayerResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let envelope = |description: &str| -> RefOr<utoipa::openapi::Response> {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                            <ErrorEnvelope as utoipa::ToSchema>::name(),
+                        ))))
+                        .build(),
+                )
+                .into()
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.patch,
+                &mut item.delete,
+                &mut item.head,
+                &mut item.options,
+                &mut item.trace,
+            ];
+            for op in operations.into_iter().flatten() {
+                // Only the tenant routes (bearer-authenticated) run behind auth, admission,
+                // throttles and the bulkhead; health, readiness and ops bypass them.
+                if op.security.as_ref().is_none_or(Vec::is_empty) {
+                    continue;
+                }
+                let mut add = |code: &str, description: &str| {
+                    op.responses.responses.entry(code.to_owned()).or_insert_with(|| envelope(description));
+                };
+                add("400", "Malformed input: a bad path id, query parameter, header or body");
+                add("401", "Missing, malformed, expired or forged bearer token");
+                add("429", "A throttle bucket ran out; Retry-After says when to retry");
+                add(
+                    "503",
+                    "Refused under overload (load_shed, queue_timeout, db_saturated, db_unavailable, request_timeout); Retry-After",
+                );
+                if op.request_body.is_some() {
+                    add("413", "The body exceeds the cap");
+                }
+            }
+        }
     }
 }

@@ -205,4 +205,20 @@ async fn with_a_backlog_overflow_connections_past_the_cap_wait_for_a_free_slot(p
     let reply = waiting.await.expect("task").expect("served once a slot frees");
     assert!(reply.starts_with("HTTP/1.1 200 "), "{reply}");
     assert_eq!(app.running.state.connections.refused() + app.running.state.connections.reset(), 0);
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn once_draining_every_response_closes_its_connection(pool: PgPool) {
+    let app = common::spawn(pool).await;
+    let mut conn = TcpStream::connect(app.running.addr).await.expect("connect");
+    let before = get_health(&mut conn).await.expect("before");
+    assert!(before.starts_with("HTTP/1.1 200"), "{before}");
+    assert!(!before.to_ascii_lowercase().contains("connection: close"), "{before}");
+    // Shutdown begins: readiness is off and the listener still open (the drain delay).
+    app.running.state.shutting_down.store(true, std::sync::atomic::Ordering::Relaxed);
+    let during = get_health(&mut conn).await.expect("during");
+    assert!(during.starts_with("HTTP/1.1 200"), "{during}");
+    assert!(during.to_ascii_lowercase().contains("connection: close"), "{during}");
+    // The server closes the connection after that response instead of keeping it for reuse.
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await.expect("closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)), "the connection stayed open");
 }

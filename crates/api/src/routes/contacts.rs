@@ -39,7 +39,8 @@ const MAX_PREFIX_CHARS: usize = 200;
 /// The tenant's contacts by name, each with their conversation count and newest activity;
 /// search by `name` or `email` prefix.
 #[utoipa::path(get, path = "/v1/contacts", tag = "contacts", params(ListParams), security(("bearer" = [])),
-    responses((status = 200, body = Page<Contact>), (status = 400, body = ErrorEnvelope)))]
+    responses((status = 200, body = Page<Contact>), (status = 400, body = ErrorEnvelope),
+              (status = 422, body = ErrorEnvelope)))]
 pub(crate) async fn list(
     State(state): State<AppState>,
     auth: Auth,
