@@ -5,8 +5,11 @@
 //! - `cargo xtask test`: every test, against a real PostgreSQL and Redis.
 //! - `cargo xtask pinned -- <command...>`: a command in a cgroup at the production task's shape.
 //! - `cargo xtask bench-queries`: the API's queries timed on the full skewed seed.
+//! - `cargo xtask lab [--quick]`: the headline experiment (admission off, static, adaptive) pinned.
 
 mod bench_queries;
+mod lab;
+mod lab_report;
 mod services;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +36,9 @@ enum Command {
     /// Times the API's queries on the full skewed seed and saves their plans (docs/explain/,
     /// docs/PERFORMANCE.md); fails if a plan scans conversations, messages or contacts.
     BenchQueries(bench_queries::Args),
+    /// The headline experiment: admission off, static and adaptive at the production shape
+    /// (report in docs/PERFORMANCE.md and docs/lab/; `--quick` for a CI smoke run).
+    Lab(lab::LabArgs),
 }
 
 mod dev;
@@ -46,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dev(args) => runtime()?.block_on(dev::run(args)),
         Command::Test { args } => runtime()?.block_on(test(args)),
         Command::Pinned(args) => runtime()?.block_on(pinned::run(args)),
+        Command::Lab(args) => runtime()?.block_on(lab::run(args)),
     }
 }
 

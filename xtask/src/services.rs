@@ -114,7 +114,7 @@ pub(crate) async fn ensure_postgres(url: &str) -> anyhow::Result<String> {
     Ok(private)
 }
 
-fn database_name(url: &str) -> String {
+pub(crate) fn database_name(url: &str) -> String {
     url.split('?')
         .next()
         .and_then(|u| u.rsplit('/').next())
