@@ -117,7 +117,7 @@ impl Plan {
         let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
         let mut t = format!(
             "# Written by `cargo xtask lab`: the stages of one lab run.\n\n[defaults]\nreader_share = 0.3\n\
-             think_time = \"1s\"\npause = \"{}\"\narrivals = \"poisson\"\n",
+             think_time = \"200ms\"\npause = \"{}\"\narrivals = \"poisson\"\n",
             secs(self.pause_s)
         );
         t.push_str(
@@ -162,9 +162,8 @@ impl Plan {
 const CPUS: Millicores = Millicores::QUARTER;
 const MEMORY: u64 = 512 << 20;
 /// Seed parameters of each preset; the database is reused while its comment matches.
-const SEED_FULL: &str =
-    "breakwater-seed full default (50 tenants, 400000 conversations, 2000000 messages, skew 0.55, seed 1)";
-const SEED_SMALL: &str = "breakwater-seed --small (5 tenants, 2000 conversations, 10000 messages, skew 0.55, seed 1)";
+const SEED_FULL: &str = "breakwater-seed full default (50 tenants, 400000 conversations, 2000000 messages, skew 0.55, seed 1; a template, never served)";
+const SEED_SMALL: &str = "breakwater-seed --small (5 tenants, 2000 conversations, 10000 messages, skew 0.55, seed 1; a template, never served)";
 
 fn log(msg: &str) {
     eprintln!("lab: {msg}");
@@ -204,7 +203,11 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         .database
         .clone()
         .unwrap_or_else(|| if args.quick { "breakwater_lab_quick".into() } else { "breakwater_lab".into() });
-    let db_url = services::with_database(&server, &database);
+    // The seeded database is a template, never served: each run against the API gets a fresh
+    // copy of it, so every run starts from the same rows (journeys write replies and move open
+    // conversations to pending, which would otherwise drain the inboxes run after run).
+    let served = format!("{database}_run");
+    let db_url = services::with_database(&server, &served);
     let bin = root.join("target/release");
     if !args.no_build {
         log("building the release binaries (api, seed, loadlab)");
@@ -216,7 +219,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         anyhow::ensure!(status.success(), "the release build failed");
     }
     let seed = seed(&bin, &server, &database, args.quick).await?;
-    let tokens = tokens(&db_url, &runs_dir, plan.noisy_factor).await?;
+    let tokens = tokens(&services::with_database(&server, &database), &runs_dir, plan.noisy_factor).await?;
     log(&format!("{} tenants, the heaviest at {:.0}% of the traffic", tokens.tenants, tokens.top_share * 100.0));
 
     let mut lab = Lab {
@@ -233,10 +236,21 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         wall_s: 0.0,
     };
     let pin = pinning.is_ok();
-    let ctx =
-        Ctx { bin, db_url, server: server.clone(), runs: runs_dir, port: args.port, plan: plan.clone(), tokens, pin };
+    let ctx = Ctx {
+        template: database.clone(),
+        bin,
+        db_url,
+        server: server.clone(),
+        runs: runs_dir,
+        port: args.port,
+        plan: plan.clone(),
+        tokens,
+        pin,
+    };
 
-    // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant.
+    // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant. (The
+    // noisy-neighbour rate depends on it: the profiles file is written again below.)
+    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(1.0))?;
     let cal = ctx.phase("adaptive", "calibrate", Throttles::Off, Load::Profile("lab-calibrate", None), None).await?;
     let capacity = Capacity::from_calibration(&cal, plan.quick)?;
     log(&format!("capacity {:.0} req/s ({})", capacity.rps, capacity.how));
@@ -300,6 +314,8 @@ enum Load {
 }
 
 struct Ctx {
+    /// The seeded database each run's copy is made from.
+    template: String,
     bin: PathBuf,
     db_url: String,
     server: String,
@@ -312,6 +328,23 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// (Re)creates the served database as a copy of the seeded `template`.
+    async fn fresh_copy(&self, template: &str) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let served = services::database_name(&self.db_url);
+        let admin =
+            PgPoolOptions::new().max_connections(1).connect(&services::with_database(&self.server, "postgres")).await?;
+        let q = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", q(&served))).execute(&admin).await?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY", q(&served), q(template)))
+            .execute(&admin)
+            .await
+            .with_context(|| format!("copying {template} (nothing may be connected to it)"))?;
+        admin.close().await;
+        log(&format!("fresh copy `{served}` of `{template}` in {:.1} s", t.elapsed().as_secs_f64()));
+        Ok(())
+    }
+
     fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -327,6 +360,7 @@ impl Ctx {
     ) -> anyhow::Result<PhaseRun> {
         let name = format!("{variant}-{phase}");
         log(&format!("== {name} =="));
+        self.fresh_copy(&self.template).await?;
         let limits = Limits::new(CPUS, 100_000, MEMORY)?;
         let pinned = if self.pin { Some(Pinned::create(limits)?) } else { None };
         let argv: Vec<std::ffi::OsString> = vec![self.bin.join("breakwater-api").into(), "serve".into()];
