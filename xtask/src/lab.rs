@@ -49,6 +49,10 @@ pub(crate) struct LabArgs {
     /// Do not build (use the release binaries already in target/release).
     #[arg(long)]
     no_build: bool,
+    /// Measure nothing: write the report again from a run's `lab.json` (to the same places as a
+    /// run with the same --quick and --out would).
+    #[arg(long, value_name = "LAB_JSON")]
+    from_json: Option<PathBuf>,
 }
 
 /// Step lengths and points of a run; `quick` is the CI smoke shape.
@@ -178,8 +182,26 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         (None, true) => (root.join("target/lab-quick"), root.join("target/lab-quick/runs"), false),
         (None, false) => (root.join("docs/lab"), root.join("target/lab/runs"), true),
     };
-    std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
     std::fs::create_dir_all(&out)?;
+    let perf_md = docs.then(|| root.join("docs/PERFORMANCE.md"));
+    if let Some(json) = &args.from_json {
+        let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+        let lab: Lab = serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
+        anyhow::ensure!(
+            lab.schema == lab_report::SCHEMA,
+            "{} has schema {}, not {}",
+            json.display(),
+            lab.schema,
+            lab_report::SCHEMA
+        );
+        let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
+        println!("{}", lab_report::summary(&lab));
+        for w in written {
+            println!("wrote {}", w.display());
+        }
+        return Ok(());
+    }
+    std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
 
     // Is the production shape available? Full runs need it; quick runs say so loudly and go on.
     let limits = Limits::new(CPUS, 100_000, MEMORY)?;
@@ -288,7 +310,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     lab.machine.load_average.1 = lab_report::load_average();
 
     // 3. The report.
-    let written = lab_report::write(&lab, &out, docs.then(|| root.join("docs/PERFORMANCE.md")).as_deref())?;
+    let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
     println!("\n{}", lab_report::summary(&lab));
     for w in written {
         println!("wrote {}", w.display());

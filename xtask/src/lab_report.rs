@@ -618,28 +618,50 @@ pub(crate) fn goals(lab: &Lab) -> Vec<Goal> {
     out
 }
 
-/// CPU per refusal at saturation: the API's CPU in the 10x step, less what its admitted
-/// requests cost at the lowest step without refusals, over the refusals.
+/// CPU per refusal at saturation. The API's CPU per step is modelled as `f + c x answered/s` (a
+/// fixed cost per second: timers, the samplers' polls; and a cost per answered request), fitted
+/// on the two busiest ramp steps that refused nothing and were not throttled; in the 10x step,
+/// what its CPU leaves after `f + c x admitted/s` was spent on the refusals.
 fn cpu_per_refusal(ramp: &[Row], at10: &Row) -> Goal {
-    let per_ok = ramp
+    let mut clean: Vec<&Row> = ramp
         .iter()
-        .find(|r| r.refused == 0 && r.completed > 0 && r.api_cpu_s.is_some())
-        .and_then(|r| Some((r.api_cpu_s? / r.completed as f64, r.label.clone())));
-    let measured = match (&per_ok, at10.api_cpu_s) {
-        (Some((c, _)), Some(cpu)) if at10.refused > 0 => {
-            Some(((cpu - c * (at10.completed - at10.refused) as f64) / at10.refused as f64 * 1e6).max(0.0))
+        .filter(|r| r.refused == 0 && r.achieved_rps > 0.0 && r.api_cpu_cores.is_some())
+        .filter(|r| r.throttled_share.is_none_or(|t| t < 0.5))
+        .collect();
+    clean.sort_by(|a, b| a.achieved_rps.total_cmp(&b.achieved_rps));
+    let fit = match clean[..] {
+        [.., a, b] if b.achieved_rps > a.achieved_rps * 1.2 => {
+            let (ca, cb) = (a.api_cpu_cores.unwrap_or(0.0), b.api_cpu_cores.unwrap_or(0.0));
+            let per_request = (cb - ca) / (b.achieved_rps - a.achieved_rps);
+            (per_request > 0.0)
+                .then(|| (ca - per_request * a.achieved_rps, per_request, a.label.clone(), b.label.clone()))
+        }
+        _ => None,
+    };
+    let refused_rps = at10.achieved_rps * at10.refused_share;
+    let measured = match (&fit, at10.api_cpu_cores) {
+        (Some((fixed, per_request, _, _)), Some(cores)) if refused_rps > 0.0 => {
+            let admitted_rps = at10.achieved_rps - refused_rps;
+            let left = cores - fixed - per_request * admitted_rps;
+            (left >= 0.0).then(|| left / refused_rps * 1e6)
         }
         _ => None,
     };
     let mut g = check("CPU per refusal at 10x", "<= 10 us", measured, "us", |v| v <= 10.0, 10.0);
-    if let Some((c, label)) = per_ok {
-        g.note = format!(
-            "{}(API CPU in the step - {:.0} us x answered requests, the cost per request at {label}) / refusals{}",
+    g.note = match (&fit, measured) {
+        (Some((fixed, per_request, a, b)), Some(_)) => format!(
+            "{}(API CPU - {:.3} core fixed - {:.0} us x admitted/s) / refused/s at 10x; the model fitted on {a} and {b}{}",
             if g.note.is_empty() { String::new() } else { format!("{}; ", g.note) },
-            c * 1e6,
+            fixed,
+            per_request * 1e6,
             if at10.throttled_share.is_some_and(|t| t >= 0.5) { "; the quota was exhausted" } else { "" }
-        );
-    }
+        ),
+        (Some(_), None) if refused_rps > 0.0 => {
+            "not measurable: the admitted requests alone account for the step's CPU (below the noise)".into()
+        }
+        (_, None) if refused_rps <= 0.0 => "nothing was refused at 10x".into(),
+        _ => "not measurable: fewer than two busy ramp steps without refusals to fit the cost per request".into(),
+    };
     g
 }
 
@@ -1150,18 +1172,20 @@ mod tests {
 
     #[test]
     fn goals_are_read_from_the_adaptive_ramp() {
+        // The API's CPU: 0.01 core fixed + 200 us per answered request, 50 us per refusal.
+        let cpu = |answered: f64, refused: f64| Some(0.01 + 200e-6 * answered + 50e-6 * refused);
         let mut at10 = row("10x", 10.0, 30.0, 150.0, 0.9);
         at10.shed_p50_ms = Some(25.0);
         at10.refused = 9000;
-        at10.completed = 10_000;
-        at10.api_cpu_s = Some(1.0);
+        at10.achieved_rps = 1000.0;
+        at10.api_cpu_cores = cpu(100.0, 900.0);
         at10.rss_max_bytes = Some(f64::from(40 << 20));
-        let mut low = row("0.5x", 0.5, 50.0, 20.0, 0.0);
-        low.refused = 0;
-        low.api_cpu_s = Some(0.05);
-        low.completed = 500;
-        let at2 = Row { shed_p50_ms: Some(1.0), ..row("2x", 2.0, 98.0, 180.0, 0.5) };
-        let lab = lab_with(vec![low, row("1x", 1.0, 100.0, 50.0, 0.0), at2, at10]);
+        let low =
+            Row { refused: 0, achieved_rps: 50.0, api_cpu_cores: cpu(50.0, 0.0), ..row("0.5x", 0.5, 50.0, 20.0, 0.0) };
+        let one =
+            Row { refused: 0, achieved_rps: 100.0, api_cpu_cores: cpu(100.0, 0.0), ..row("1x", 1.0, 100.0, 50.0, 0.0) };
+        let at2 = Row { shed_p50_ms: Some(1.0), refused: 50, ..row("2x", 2.0, 98.0, 180.0, 0.5) };
+        let lab = lab_with(vec![low, one, at2, at10]);
         let g = goals(&lab);
         let find = |name: &str| g.iter().find(|x| x.goal == name).unwrap_or_else(|| panic!("{name}: {g:?}"));
         let cap = find("capacity at p99 <= 200 ms");
@@ -1172,9 +1196,9 @@ mod tests {
         assert_eq!(find("shed p50 at 10x").met, Some(false));
         assert_eq!(find("admitted p99 at 10x").met, Some(true));
         assert_eq!(find("peak RSS at 10x").met, Some(true));
-        // 1 s - 100 us x 1,000 answered = 0.9 s over 9,000 refusals = 100 us each.
-        let cpu = find("CPU per refusal at 10x");
-        assert_eq!((cpu.measured.as_str(), cpu.met), ("100.0 us", Some(false)));
+        // Fitted on 0.5x and 1x: 0.01 core + 200 us per request; 10x leaves 0.045 core for 900 refusals/s.
+        let per_refusal = find("CPU per refusal at 10x");
+        assert_eq!((per_refusal.measured.as_str(), per_refusal.met), ("50.0 us", Some(false)), "{per_refusal:?}");
         // A step over the objective counts no goodput.
         let slow = lab_with(vec![row("1x", 1.0, 100.0, 250.0, 0.0)]);
         assert!(goals(&slow).iter().any(|x| x.goal.starts_with("peak goodput") && x.measured == "0.0 req/s"));
