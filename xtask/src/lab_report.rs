@@ -738,7 +738,8 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
          time (coordinated omission corrected). \"Saturated\" lists the evidence per step: the cgroup's \
          throttled periods (>= 50%), database pool waits, PostgreSQL's CPU (all its processes, >= 0.75 \
          core), the machine's CPU (>= 95% busy), the admission limit reached, an invalid load-generator \
-         step.\n"
+         step. \"Limit\" is admission's in-flight ceiling summed over its two classes (the inbox and \
+         contacts lists; everything else), so `static` shows 2 x 80.\n"
     );
 
     let _ = writeln!(s, "### Goals (issue #7), adaptive variant\n");
