@@ -575,26 +575,6 @@ async fn cases(pool: &Pool, subjects: &[Subject], deep_pages: usize) -> anyhow::
                 Query::Contacts(ContactSearch::EmailPrefix(s.email_prefix.clone()), None),
                 false,
             ),
-            // What the first page of a search costs when its keyset starts at the prefix instead
-            // of at '' (see the findings in docs/PERFORMANCE.md): the same function and statement.
-            (
-                "contacts-name-at-prefix",
-                "contacts: name prefix, keyset from the prefix (proposed)".to_owned(),
-                Query::Contacts(
-                    ContactSearch::NamePrefix(s.name_prefix.clone()),
-                    Some(Cursor::Text(s.name_prefix.to_lowercase(), Uuid::nil())),
-                ),
-                false,
-            ),
-            (
-                "contacts-email-at-prefix",
-                "contacts: email prefix, keyset from the prefix (proposed)".to_owned(),
-                Query::Contacts(
-                    ContactSearch::EmailPrefix(s.email_prefix.clone()),
-                    Some(Cursor::Text(s.email_prefix.to_lowercase(), Uuid::nil())),
-                ),
-                false,
-            ),
         ];
         for (key, title, query, deep) in list.drain(..) {
             let (query, depth) = if deep { walk(pool, s.tenant, &query, deep_pages).await? } else { (query, 0) };

@@ -172,9 +172,21 @@ pub struct Config {
     /// Largest request body accepted, in bytes; larger ones get 413 before anything else runs.
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub body_limit_bytes: usize,
-    /// Most open client connections; further connections wait in the listen backlog.
+    /// Most open client connections; what happens to further ones is `CONNECTION_OVERFLOW`.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Past `MAX_CONNECTIONS`: `refuse` (accept, answer a canned 503 `load_shed` without running
+    /// the app, except health and ops requests, which are served) or `backlog` (stop accepting;
+    /// connections wait in the kernel's listen backlog).
+    #[arg(long, env = "CONNECTION_OVERFLOW", value_enum, default_value = "refuse")]
+    pub connection_overflow: crate::server::ConnectionOverflow,
+    /// Most connections being refused at once past the cap; further ones are reset at accept.
+    #[arg(long, env = "MAX_REFUSING_CONNECTIONS", default_value_t = 512)]
+    pub max_refusing_connections: usize,
+    /// The listen socket's backlog: connections the kernel holds before the accept loop takes
+    /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
+    #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]
+    pub listen_backlog: u32,
     /// How long an idle keep-alive connection is kept, in seconds. Must exceed the load
     /// balancer's idle timeout (an ALB's is 60 s): a server that closes first causes resets.
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 75)]
@@ -189,6 +201,22 @@ pub struct Config {
     /// container's stop timeout.
     #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 25)]
     pub shutdown_grace_secs: u64,
+    /// How long the job queue's figures (on `/metrics` and `/v1/ops/status`) are reused before
+    /// the database is asked again, in ms.
+    #[arg(long, env = "JOBS_STATS_TTL_MS", default_value_t = 5_000)]
+    pub jobs_stats_ttl_ms: u64,
+    /// The longest `/metrics` or `/v1/ops/status` waits for the job queue's figures, in ms;
+    /// past it the previous figures are served (with their age) while the query finishes in
+    /// the background.
+    #[arg(long, env = "JOBS_STATS_TIMEOUT_MS", default_value_t = 250)]
+    pub jobs_stats_timeout_ms: u64,
+    /// How often the tokio runtime's figures are sampled for `/metrics`, in ms.
+    #[arg(long, env = "RUNTIME_METRICS_INTERVAL_MS", default_value_t = 1_000)]
+    pub runtime_metrics_interval_ms: u64,
+    /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
+    /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "pretty")]
     pub log_format: LogFormat,
@@ -270,6 +298,11 @@ impl Config {
         if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 {
             return Err(ConfigError::Timeouts("timeouts must be at least one second"));
         }
+        if self.jobs_stats_timeout_ms == 0 || self.runtime_metrics_interval_ms < 10 {
+            return Err(ConfigError::Timeouts(
+                "JOBS_STATS_TIMEOUT_MS must be positive and RUNTIME_METRICS_INTERVAL_MS at least 10",
+            ));
+        }
         Ok(())
     }
 
@@ -289,6 +322,24 @@ impl Config {
     #[must_use]
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// How long the job queue's figures are reused.
+    #[must_use]
+    pub fn jobs_stats_ttl(&self) -> Duration {
+        Duration::from_millis(self.jobs_stats_ttl_ms)
+    }
+
+    /// The longest wait for the job queue's figures.
+    #[must_use]
+    pub fn jobs_stats_timeout(&self) -> Duration {
+        Duration::from_millis(self.jobs_stats_timeout_ms)
+    }
+
+    /// The tokio runtime's sampling interval.
+    #[must_use]
+    pub fn runtime_metrics_interval(&self) -> Duration {
+        Duration::from_millis(self.runtime_metrics_interval_ms)
     }
 
     /// Shutdown grace period.

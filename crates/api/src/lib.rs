@@ -25,6 +25,7 @@ pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod openapi;
+pub mod queue_stats;
 pub mod redis;
 mod routes;
 pub mod server;
@@ -59,6 +60,9 @@ pub use state::AppState;
 /// otherwise, and echoed on the response.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// Routes polled by machines, traced at debug level only.
+const PROBES: [&str; 3] = ["/health", "/ready", "/metrics"];
+
 /// The routes with their inner layers (request id, trace, timeout), state applied.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.body_limit_bytes;
@@ -76,10 +80,40 @@ pub fn router(state: AppState) -> Router {
                     // Named by the matched route, never the raw URI: no ids or personal data in spans.
                     let route = req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str);
                     let request_id = req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
-                    tracing::info_span!("request", method = %req.method(), route, request_id)
+                    macro_rules! request_span {
+                        ($level:expr) => {
+                            tracing::span!(
+                                $level,
+                                "request",
+                                method = %req.method(),
+                                route,
+                                request_id,
+                                // OpenTelemetry: the span's name, kind and HTTP attributes.
+                                otel.name = %format_args!("{} {route}", req.method()),
+                                otel.kind = "server",
+                                http.request.method = %req.method(),
+                                http.route = route,
+                                http.response.status_code = tracing::field::Empty,
+                            )
+                        };
+                    }
+                    // Probes and scrapes (every few seconds, from the load balancer and
+                    // Prometheus) at debug: under the default filter they neither log nor
+                    // start a trace each.
+                    let span = if PROBES.contains(&route) {
+                        request_span!(tracing::Level::DEBUG)
+                    } else {
+                        request_span!(tracing::Level::INFO)
+                    };
+                    // A caller's W3C `traceparent` makes this request part of its trace.
+                    breakwater_telemetry::set_parent_from_headers(&span, req.headers());
+                    span
                 })
                 .on_request(())
-                .on_response(tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_response(|res: &Response<Body>, latency: Duration, span: &tracing::Span| {
+                    span.record("http.response.status_code", res.status().as_u16());
+                    tracing::debug!(status = res.status().as_u16(), ?latency, "finished processing request");
+                })
                 .on_failure(()),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
@@ -167,7 +201,7 @@ pub async fn start_with_pool(
     config.validate()?;
     let listener = match listener {
         Some(l) => l,
-        None => TcpListener::bind(config.bind_addr).await?,
+        None => server::bind(config.bind_addr, config.listen_backlog)?,
     };
     let addr = listener.local_addr()?;
     let redis = redis::pool(&config.redis_url)?;
@@ -179,6 +213,11 @@ pub async fn start_with_pool(
         shutdown_grace: state.config.shutdown_grace(),
     };
     let shutdown = CancellationToken::new();
+    tokio::spawn(metrics::sample_runtime(
+        state.metrics.clone(),
+        state.config.runtime_metrics_interval(),
+        shutdown.clone(),
+    ));
     let task = tokio::spawn(server::serve(
         listener,
         app(state.clone()).map_err(|e: Infallible| match e {}),

@@ -60,11 +60,15 @@ async fn main() -> anyhow::Result<()> {
     };
     match command {
         Command::Serve(config) => {
-            breakwater_api::telemetry::init(config.log_format);
-            breakwater_api::run(*config).await
+            let telemetry =
+                breakwater_api::telemetry::init(config.log_format, config.otel_exporter_otlp_endpoint.as_deref())?;
+            let result = breakwater_api::run(*config).await;
+            // The spans of the last requests are still in the batch processor's buffer.
+            telemetry.shutdown(std::time::Duration::from_secs(3));
+            result
         }
         Command::Migrate { db } => {
-            breakwater_api::telemetry::init(LogFormat::Pretty);
+            let _telemetry = breakwater_api::telemetry::init(LogFormat::Pretty, None)?;
             let pool = db.pool()?;
             breakwater_domain::migrate(&pool).await?;
             tracing::info!("migrations applied");

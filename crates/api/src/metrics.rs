@@ -2,11 +2,21 @@
 //!
 //! Request counts and latency histograms by matched route and outcome (`ok`, `client_error`,
 //! `refused` for a deliberate 429/503, `error`), and every live figure the layers publish on
-//! `/v1/ops/status`, read at scrape time. The registry belongs to the app (no global recorder),
-//! so several apps in one process (tests) do not mix their figures.
+//! `/v1/ops/status`, read at scrape time; the job queue's figures through a short cache
+//! ([`crate::queue_stats`]); and the tokio runtime's health, sampled every
+//! `RUNTIME_METRICS_INTERVAL_MS` by a task that ends with the app ([`sample_runtime`]). The
+//! registry belongs to the app (no global recorder), so several apps in one process (tests) do
+//! not mix their figures.
+//!
+//! Runtime health uses what stable tokio offers (no `--cfg tokio_unstable`): the runtime's
+//! workers, live tasks, global queue depth, busy time and parks, and, for the request futures
+//! themselves (a `TaskMonitor` around each), their polls, poll time, slow polls and the time
+//! they waited to be polled after being woken (the sign of a saturated runtime). Per-worker
+//! poll counts, poll-time histograms and local queue depths need `tokio_unstable`.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
@@ -19,8 +29,16 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
 
 use crate::state::AppState;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// A poll, or a wait between wake-up and poll, longer than this counts as slow: a millisecond of
+/// one request's work on a worker delays every other request queued behind it.
+const SLOW: Duration = Duration::from_millis(1);
+type FloatCounter = Counter<f64, AtomicU64>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -48,12 +66,57 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily,
     gauges: LiveGauges,
+    jobs: JobGauges,
+    runtime: RuntimeSeries,
+    /// Wraps every request future: its polls and scheduling delays.
+    tasks: tokio_metrics::TaskMonitor,
+    /// Scrapes set the live gauges then encode: one at a time.
+    render_lock: Mutex<()>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobLabels {
+    kind: String,
+    state: &'static str,
+}
+
+/// The job queue's figures.
+#[derive(Debug, Default)]
+struct JobGauges {
+    depth: Family<JobLabels, Gauge>,
+    oldest_ready_age: FloatGauge,
+    lease_expired: Gauge,
+    retrying: Gauge,
+    throughput: FloatGauge,
+    start_p99: FloatGauge,
+    dead_in_window: Gauge,
+    stats_age: FloatGauge,
+    stats_failures: Gauge,
+}
+
+/// The tokio runtime and the request futures, sampled on an interval.
+#[derive(Debug, Default)]
+struct RuntimeSeries {
+    workers: Gauge,
+    alive_tasks: Gauge,
+    global_queue_depth: Gauge,
+    busy_ratio: FloatGauge,
+    busy_seconds: FloatCounter,
+    parks: Counter,
+    polls: Counter,
+    poll_seconds: FloatCounter,
+    slow_polls: Counter,
+    schedules: Counter,
+    scheduled_seconds: FloatCounter,
+    long_schedule_delays: Counter,
 }
 
 #[derive(Debug, Default)]
 struct LiveGauges {
     connections_open: Gauge,
     connections_max: Gauge,
+    connections_refused: Gauge,
+    connections_reset: Gauge,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
     bulkhead_waiting: Gauge,
@@ -118,6 +181,16 @@ impl Metrics {
         let g = &gauges;
         registry.register("connections_open", "Open client connections", g.connections_open.clone());
         registry.register("connections_max", "Connection cap", g.connections_max.clone());
+        registry.register(
+            "connections_refused",
+            "Connections answered 503 load_shed at accept (over the cap) since start",
+            g.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_reset",
+            "Connections reset at accept (over the cap, refusals saturated) since start",
+            g.connections_reset.clone(),
+        );
         registry.register("bulkhead_slots", "Database bulkhead slots", g.bulkhead_size.clone());
         registry.register("bulkhead_in_use", "Database bulkhead slots held", g.bulkhead_in_use.clone());
         registry.register("bulkhead_waiting", "Requests waiting for a database slot", g.bulkhead_waiting.clone());
@@ -171,7 +244,24 @@ impl Metrics {
             g.admission_shed.clone(),
         );
         registry.register("admission_p95_ms", "p95 latency of admitted requests, ms", g.admission_p95_ms.clone());
-        Self { registry, requests, latency, gauges }
+        let jobs = JobGauges::default();
+        register_jobs(&mut registry, &jobs);
+        let runtime = RuntimeSeries::default();
+        register_runtime(&mut registry, &runtime);
+        Self {
+            registry,
+            requests,
+            latency,
+            gauges,
+            jobs,
+            runtime,
+            tasks: {
+                let mut b = tokio_metrics::TaskMonitor::builder();
+                b.with_slow_poll_threshold(SLOW).with_long_delay_threshold(SLOW);
+                b.build()
+            },
+            render_lock: Mutex::new(()),
+        }
     }
 
     fn record(&self, route: String, method: String, status: StatusCode, seconds: f64) {
@@ -180,12 +270,16 @@ impl Metrics {
         self.latency.get_or_create(&labels).observe(seconds);
     }
 
-    fn render(&self, state: &AppState) -> String {
+    fn render(&self, state: &AppState, queue: Option<&crate::queue_stats::Reading>) -> String {
+        let _one_at_a_time = self.render_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.set_jobs(queue, state.queue_stats.failures());
         let g = &self.gauges;
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let usize_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         g.connections_open.set(usize_i64(state.connections.open()));
         g.connections_max.set(usize_i64(state.connections.max()));
+        g.connections_refused.set(to_i64(state.connections.refused()));
+        g.connections_reset.set(to_i64(state.connections.reset()));
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
         g.bulkhead_in_use.set(usize_i64(b.in_use));
@@ -224,18 +318,174 @@ impl Metrics {
     }
 }
 
-/// Middleware (inside routing, so the matched route is known): counts and times requests.
+impl Metrics {
+    fn set_jobs(&self, queue: Option<&crate::queue_stats::Reading>, failures: u64) {
+        let j = &self.jobs;
+        j.stats_failures.set(i64::try_from(failures).unwrap_or(i64::MAX));
+        let Some(reading) = queue else {
+            // Never read: say so rather than publish zeros that look like an empty queue.
+            j.stats_age.set(-1.0);
+            return;
+        };
+        let q = &reading.stats;
+        j.stats_age.set(reading.age().as_secs_f64());
+        // Kinds with no live job drop out of the figures: forget their series too.
+        j.depth.clear();
+        for k in &q.by_kind {
+            for (state, n) in [("ready", k.ready), ("scheduled", k.scheduled), ("running", k.running), ("dead", k.dead)]
+            {
+                j.depth.get_or_create(&JobLabels { kind: k.kind.clone(), state }).set(n);
+            }
+        }
+        j.oldest_ready_age.set(q.oldest_ready_age_seconds.unwrap_or(0.0));
+        j.lease_expired.set(q.running_lease_expired);
+        j.retrying.set(q.retrying);
+        j.throughput.set(q.throughput_per_second);
+        j.start_p99.set(q.start_latency.map_or(0.0, |l| l.p99_ms / 1000.0));
+        j.dead_in_window.set(q.dead_in_window);
+    }
+
+    fn observe_runtime(&self, m: &tokio_metrics::RuntimeMetrics) {
+        let r = &self.runtime;
+        let usize_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        r.workers.set(usize_i64(m.workers_count));
+        r.alive_tasks.set(usize_i64(m.live_tasks_count));
+        r.global_queue_depth.set(usize_i64(m.global_queue_depth));
+        let busy = m.total_busy_duration.as_secs_f64();
+        r.busy_seconds.inc_by(busy);
+        #[allow(clippy::cast_precision_loss)] // a handful of workers
+        let capacity = m.elapsed.as_secs_f64() * m.workers_count as f64;
+        if capacity > 0.0 {
+            r.busy_ratio.set((busy / capacity).clamp(0.0, 1.0));
+        }
+        r.parks.inc_by(m.total_park_count);
+    }
+
+    fn observe_requests(&self, t: &tokio_metrics::TaskMetrics) {
+        let r = &self.runtime;
+        r.polls.inc_by(t.total_poll_count);
+        r.poll_seconds.inc_by(t.total_poll_duration.as_secs_f64());
+        r.slow_polls.inc_by(t.total_slow_poll_count);
+        r.schedules.inc_by(t.total_scheduled_count);
+        r.scheduled_seconds.inc_by(t.total_scheduled_duration.as_secs_f64());
+        r.long_schedule_delays.inc_by(t.total_long_delay_count);
+    }
+}
+
+fn register_jobs(registry: &mut Registry, j: &JobGauges) {
+    registry.register(
+        "jobs",
+        "Live jobs by kind and state (ready: due now; scheduled: due later; running; dead: until pruned)",
+        j.depth.clone(),
+    );
+    registry.register(
+        "jobs_oldest_ready_age_seconds",
+        "How long the oldest due job has waited (0 when none waits)",
+        j.oldest_ready_age.clone(),
+    );
+    registry.register(
+        "jobs_running_lease_expired",
+        "Running jobs whose lease expired (their worker died; the rescuer returns them)",
+        j.lease_expired.clone(),
+    );
+    registry.register("jobs_retrying", "Due jobs that already failed at least once", j.retrying.clone());
+    registry.register(
+        "jobs_throughput_per_second",
+        "Jobs completed per second over the last minute",
+        j.throughput.clone(),
+    );
+    registry.register(
+        "jobs_start_latency_p99_seconds",
+        "p99 of due-to-start latency of the jobs completed in the last minute (0 when none)",
+        j.start_p99.clone(),
+    );
+    registry.register("jobs_dead_in_window", "Jobs that went dead in the last minute", j.dead_in_window.clone());
+    registry.register(
+        "jobs_stats_age_seconds",
+        "Age of the job queue figures above (-1: never read)",
+        j.stats_age.clone(),
+    );
+    registry.register(
+        "jobs_stats_failures",
+        "Job queue figure reads that failed since start",
+        j.stats_failures.clone(),
+    );
+}
+
+fn register_runtime(registry: &mut Registry, r: &RuntimeSeries) {
+    registry.register("tokio_workers", "Tokio worker threads", r.workers.clone());
+    registry.register("tokio_alive_tasks", "Tasks alive in the tokio runtime", r.alive_tasks.clone());
+    registry.register(
+        "tokio_global_queue_depth",
+        "Tasks waiting in the runtime's global (injection) queue",
+        r.global_queue_depth.clone(),
+    );
+    registry.register(
+        "tokio_busy_ratio",
+        "Share of the workers' time spent running tasks over the last sampling interval (0..1)",
+        r.busy_ratio.clone(),
+    );
+    registry.register("tokio_busy_seconds", "Time the workers spent running tasks, summed", r.busy_seconds.clone());
+    registry.register("tokio_parks", "Times a worker parked with nothing to run", r.parks.clone());
+    registry.register("tokio_request_polls", "Polls of request futures", r.polls.clone());
+    registry.register("tokio_request_poll_seconds", "Time spent polling request futures", r.poll_seconds.clone());
+    registry.register(
+        "tokio_request_slow_polls",
+        "Polls of request futures longer than 1 ms (blocking work on a worker)",
+        r.slow_polls.clone(),
+    );
+    registry.register(
+        "tokio_request_schedules",
+        "Times a request future was woken and waited to be polled",
+        r.schedules.clone(),
+    );
+    registry.register(
+        "tokio_request_scheduled_seconds",
+        "Time request futures waited for a worker after being woken (runtime saturation)",
+        r.scheduled_seconds.clone(),
+    );
+    registry.register(
+        "tokio_request_long_schedule_delays",
+        "Wake-to-poll waits of request futures longer than 1 ms",
+        r.long_schedule_delays.clone(),
+    );
+}
+
+/// Samples the tokio runtime and the request futures every `every` until `stop`.
+pub(crate) async fn sample_runtime(metrics: Arc<Metrics>, every: Duration, stop: CancellationToken) {
+    let runtime = tokio_metrics::RuntimeMonitor::new(&tokio::runtime::Handle::current());
+    let mut runtime_intervals = runtime.intervals();
+    let mut request_intervals = metrics.tasks.intervals();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Some(m) = runtime_intervals.next() {
+            metrics.observe_runtime(&m);
+        }
+        if let Some(t) = request_intervals.next() {
+            metrics.observe_requests(&t);
+        }
+    }
+}
+
+/// Middleware (inside routing, so the matched route is known): counts and times requests, and
+/// runs them under the task monitor.
 pub(crate) async fn record(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response<Body> {
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
     let method = req.method().as_str().to_owned();
     let started = Instant::now();
-    let response = next.run(req).await;
+    let response = metrics.tasks.instrument(next.run(req)).await;
     metrics.record(route, method, response.status(), started.elapsed().as_secs_f64());
     response
 }
 
 /// `GET /metrics`.
 pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
-    let body = state.metrics.render(&state);
+    let queue = state.queue_stats.get(&state.pool).await;
+    let body = state.metrics.render(&state, queue.as_ref());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }

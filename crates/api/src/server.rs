@@ -3,7 +3,13 @@
 //! axum's own `serve` sets no idle or header timeouts, so connections are served through
 //! hyper-util's builder (as axum's `serve-with-hyper` example does):
 //!
-//! - at most `MAX_CONNECTIONS` open connections; past that, new ones wait in the listen backlog;
+//! - at most `MAX_CONNECTIONS` open connections. Past that the edge sheds: a new connection is
+//!   accepted and answered a canned `503 load_shed` + `Retry-After` without running hyper, the
+//!   router or anything behind them (except a health or ops request, which is still served, so the
+//!   load balancer never sees a healthy task as dead). At most `MAX_REFUSING_CONNECTIONS` are being
+//!   refused at once; past that a connection is reset at once, the cheapest refusal there is.
+//!   `CONNECTION_OVERFLOW=backlog` restores the classic behaviour (the accept loop stops and new
+//!   connections wait in the kernel's listen backlog, `LISTEN_BACKLOG` long);
 //! - a header-read timeout from a request's first byte to its last header (slowloris: a client
 //!   trickling headers is cut off);
 //! - an idle keep-alive timeout longer than the load balancer's (an ALB idles out at 60 s; a
@@ -14,8 +20,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -25,26 +31,85 @@ use axum::http::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-/// Counts open connections against the cap.
+use crate::admission::BYPASS;
+
+/// What happens to a connection that arrives while `MAX_CONNECTIONS` are open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionOverflow {
+    /// Accept it and answer a canned 503 `load_shed` (health and ops requests are still served);
+    /// reset it when `MAX_REFUSING_CONNECTIONS` refusals are already under way.
+    Refuse,
+    /// Stop accepting: it waits in the kernel's listen backlog until a connection closes.
+    Backlog,
+}
+
+/// Counts open connections against the cap, and the ones refused at the edge.
 #[derive(Debug)]
 pub struct Connections {
     permits: Arc<Semaphore>,
     max: usize,
     open: AtomicUsize,
+    overflow: ConnectionOverflow,
+    refusing: Arc<Semaphore>,
+    refusing_max: usize,
+    refused: AtomicU64,
+    reset: AtomicU64,
+    served_over_cap: AtomicU64,
 }
 
 impl Connections {
-    /// A counter allowing `max` connections.
+    /// A counter allowing `max` connections, refusing at most `refusing_max` more at once.
     #[must_use]
-    pub fn new(max: usize) -> Self {
-        Self { permits: Arc::new(Semaphore::new(max)), max, open: AtomicUsize::new(0) }
+    pub fn new(max: usize, overflow: ConnectionOverflow, refusing_max: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            open: AtomicUsize::new(0),
+            overflow,
+            refusing: Arc::new(Semaphore::new(refusing_max)),
+            refusing_max,
+            refused: AtomicU64::new(0),
+            reset: AtomicU64::new(0),
+            served_over_cap: AtomicU64::new(0),
+        }
+    }
+
+    /// What happens past the cap.
+    #[must_use]
+    pub fn overflow(&self) -> ConnectionOverflow {
+        self.overflow
+    }
+
+    /// Most connections being refused at once.
+    #[must_use]
+    pub fn refusing_max(&self) -> usize {
+        self.refusing_max
+    }
+
+    /// Connections answered the canned 503 at the edge, since start.
+    #[must_use]
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections reset at accept because too many refusals were under way, since start.
+    #[must_use]
+    pub fn reset(&self) -> u64 {
+        self.reset.load(Ordering::Relaxed)
+    }
+
+    /// Health and ops requests served on a connection over the cap, since start.
+    #[must_use]
+    pub fn served_over_cap(&self) -> u64 {
+        self.served_over_cap.load(Ordering::Relaxed)
     }
 
     /// Connections open now.
@@ -104,25 +169,24 @@ pub async fn serve<S>(
 where
     S: HttpService,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // Runs while a keep-alive connection idles too: this is the idle timeout. The short
-        // header-read timeout is `ConnTrack`'s.
-        .header_read_timeout(options.keep_alive_timeout)
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(20)));
-    let builder = Arc::new(builder);
+    let builder = Arc::new(http_builder(options, true));
+    // A health or ops request over the cap gets one request on its connection: it holds a
+    // refusal slot, which must come back quickly.
+    let single_request = Arc::new(http_builder(options, false));
     let tracker = TaskTracker::new();
 
     loop {
-        let permit = tokio::select! {
-            permit = connections.permits.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = shutdown.cancelled() => break,
+        // With a backlog overflow the loop stops accepting at the cap.
+        let reserved = if connections.overflow == ConnectionOverflow::Backlog {
+            tokio::select! {
+                permit = connections.permits.clone().acquire_owned() => match permit {
+                    Ok(p) => Some(p),
+                    Err(_) => break,
+                },
+                () = shutdown.cancelled() => break,
+            }
+        } else {
+            None
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -135,6 +199,10 @@ where
                 }
             },
             () = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = reserved.map_or_else(|| connections.permits.clone().try_acquire_owned(), Ok) else {
+            shed(stream, peer, &connections, &single_request, &app, options, &shutdown, &tracker);
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let connections = connections.clone();
@@ -155,6 +223,125 @@ where
         tracing::warn!(open = tracker.len(), "shutdown grace period over; closing remaining connections");
     }
     Ok(())
+}
+
+/// Binds `addr` with a listen backlog of `backlog` connections (the kernel caps it at
+/// `net.core.somaxconn`). `SO_REUSEADDR` is set, as `TcpListener::bind` does, so a restarted
+/// process binds at once despite connections in `TIME_WAIT`.
+///
+/// # Errors
+/// When the socket cannot be created, bound or put in the listening state.
+pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+fn http_builder(options: ServeOptions, keep_alive: bool) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // Runs while a keep-alive connection idles too: this is the idle timeout. The short
+        // header-read timeout is `ConnTrack`'s.
+        .header_read_timeout(options.keep_alive_timeout)
+        .keep_alive(keep_alive);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(20)));
+    builder
+}
+
+/// How long a connection over the cap may take to show its request line before it is refused.
+const PEEK_WAIT: Duration = Duration::from_millis(100);
+/// How long a refused connection is kept open, discarding input, for its client to read the 503
+/// and close first (closing with unread input would reset the connection and could lose it).
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+/// Most request bytes read and discarded before the 503 is written.
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+
+/// The edge's answer past the connection cap: the API's envelope, written without hyper.
+static REFUSAL: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let body = serde_json::json!({"error": {
+        "type": "service_unavailable",
+        "code": "load_shed",
+        "message": "connection limit reached",
+        "recovery": {"retryable": true, "retry_after_seconds": 1},
+    }})
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+});
+
+/// A connection past the cap: served if it asks for a health or ops path, answered the canned 503
+/// otherwise, reset at once if too many refusals are under way.
+#[allow(clippy::too_many_arguments)]
+fn shed<S: HttpService>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    connections: &Arc<Connections>,
+    single_request: &Arc<auto::Builder<TokioExecutor>>,
+    app: &S,
+    options: ServeOptions,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    let Ok(slot) = connections.refusing.clone().try_acquire_owned() else {
+        // RST on drop: no task, no buffers, no TIME_WAIT.
+        let _ = stream.set_zero_linger();
+        connections.reset.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let connections = connections.clone();
+    let builder = single_request.clone();
+    let app = app.clone();
+    let shutdown = shutdown.clone();
+    tracker.spawn(async move {
+        if asks_for_bypass_path(&stream).await {
+            connections.served_over_cap.fetch_add(1, Ordering::Relaxed);
+            serve_connection(&builder, stream, peer, app, options.header_read_timeout, shutdown).await;
+        } else {
+            connections.refused.fetch_add(1, Ordering::Relaxed);
+            refuse(stream).await;
+        }
+        drop(slot);
+    });
+}
+
+/// Whether the connection's first request line is a GET of a path admission never sheds.
+async fn asks_for_bypass_path(stream: &TcpStream) -> bool {
+    let mut head = [0u8; 32];
+    let Ok(Ok(n)) = tokio::time::timeout(PEEK_WAIT, stream.peek(&mut head)).await else {
+        return false;
+    };
+    let Some(target) = head[..n].strip_prefix(b"GET ") else {
+        return false;
+    };
+    BYPASS
+        .iter()
+        .any(|path| target.strip_prefix(path.as_bytes()).is_some_and(|rest| matches!(rest.first(), Some(b' ' | b'?'))))
+}
+
+async fn refuse(mut stream: TcpStream) {
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < REFUSAL_DRAIN_BYTES {
+        match stream.try_read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    if tokio::time::timeout(REFUSAL_LINGER, stream.write_all(&REFUSAL)).await.is_err() {
+        let _ = stream.set_zero_linger();
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let _ =
+        tokio::time::timeout(REFUSAL_LINGER, async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} })
+            .await;
 }
 
 async fn serve_connection<S: HttpService>(

@@ -36,6 +36,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Open client connections, counted by the server.
     pub connections: Arc<Connections>,
+    /// The job queue's figures, cached.
+    pub queue_stats: Arc<crate::queue_stats::QueueStatsCache>,
     /// When the process started.
     pub started_at: Instant,
 }
@@ -54,8 +56,16 @@ impl AppState {
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
             redis,
-            connections: Arc::new(Connections::new(config.max_connections)),
+            connections: Arc::new(Connections::new(
+                config.max_connections,
+                config.connection_overflow,
+                config.max_refusing_connections,
+            )),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            queue_stats: Arc::new(crate::queue_stats::QueueStatsCache::new(
+                config.jobs_stats_ttl(),
+                config.jobs_stats_timeout(),
+            )),
             started_at: Instant::now(),
             jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
             config: Arc::new(config),

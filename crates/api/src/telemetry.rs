@@ -1,19 +1,23 @@
-//! Tracing set up once: an env-filtered registry with pretty or JSON output.
+//! Logs and traces, set up once per process by `breakwater-telemetry`: an env-filtered registry
+//! with pretty or JSON output and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OpenTelemetry
+//! spans exported over OTLP/HTTP from the same registry.
 
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
+pub use breakwater_telemetry::Telemetry;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. `RUST_LOG` overrides the default (`info`).
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let registry = tracing_subscriber::registry().with(filter);
-    let result = match format {
-        LogFormat::Json => registry.with(tracing_subscriber::fmt::layer().json().with_current_span(true)).try_init(),
-        LogFormat::Pretty => registry.with(tracing_subscriber::fmt::layer().compact()).try_init(),
-    };
-    // Already installed (tests): keep the first one.
-    drop(result);
+/// Installs the global subscriber. `RUST_LOG` overrides the default (`info,sqlx=warn`).
+///
+/// # Errors
+/// When the OTLP endpoint is not a valid URL.
+pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<Telemetry> {
+    Telemetry::init(&breakwater_telemetry::Settings {
+        service: "breakwater-api",
+        logs: match format {
+            LogFormat::Json => breakwater_telemetry::LogOutput::Json,
+            LogFormat::Pretty => breakwater_telemetry::LogOutput::Pretty,
+        },
+        default_filter: "info,sqlx=warn",
+        otlp_endpoint,
+    })
 }

@@ -1,5 +1,6 @@
-//! Connection handling: keep-alive outlives the header timeout, slow headers are cut off, and
-//! shutdown drains in-flight requests with readiness off first.
+//! Connection handling: keep-alive outlives the header timeout, slow headers are cut off,
+//! shutdown drains in-flight requests with readiness off first, and the edge sheds connections
+//! past the cap (canned 503, health still served, reset when refusals saturate, or the backlog).
 
 mod common;
 
@@ -92,4 +93,116 @@ async fn shutdown_turns_readiness_off_then_drains_in_flight_requests(pool: PgPoo
     assert_eq!(status, reqwest::StatusCode::ACCEPTED);
     shutdown.await.expect("task").expect("clean shutdown");
     assert!(http.get(&url).send().await.is_err(), "listener still open after shutdown");
+}
+
+/// Sends one request on a new connection and reads until the server closes it (or `wait` passes).
+async fn one_shot(addr: std::net::SocketAddr, request: &[u8], wait: Duration) -> std::io::Result<String> {
+    let mut conn = TcpStream::connect(addr).await?;
+    conn.write_all(request).await?;
+    let mut out = Vec::new();
+    match tokio::time::timeout(wait, conn.read_to_end(&mut out)).await {
+        Ok(result) => result.map(|_| String::from_utf8_lossy(&out).into_owned()),
+        Err(_) => Ok(String::from_utf8_lossy(&out).into_owned()),
+    }
+}
+
+/// Opens a connection and completes one keep-alive request on it, so it counts as open.
+async fn held_connection(addr: std::net::SocketAddr) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    assert!(get_health(&mut conn).await.expect("health").starts_with("HTTP/1.1 200"));
+    conn
+}
+
+const INBOX: &[u8] = b"GET /v1/conversations HTTP/1.1\r\nhost: test\r\n\r\n";
+const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nhost: test\r\n\r\n";
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn past_the_connection_cap_the_edge_answers_503_but_still_serves_health(pool: PgPool) {
+    // Bound by the server itself (not the harness), so the backlog flag is exercised too.
+    let config = breakwater_api::config::Config::from_args([
+        "--bind-addr",
+        "127.0.0.1:0",
+        "--max-connections",
+        "2",
+        "--listen-backlog",
+        "16",
+        "--throttle-ip-rate",
+        "100000",
+        "--throttle-ip-burst",
+        "100000",
+    ])
+    .expect("config");
+    let running = breakwater_api::start_with_pool(config, pool, None).await.expect("starts");
+    let addr = running.addr;
+    let wait = Duration::from_secs(5);
+
+    let first = held_connection(addr).await;
+    let _second = held_connection(addr).await;
+    assert_eq!(running.state.connections.open(), 2);
+
+    // A third connection asking for tenant data: the canned envelope, then the server closes.
+    let started = Instant::now();
+    let refused = one_shot(addr, INBOX, wait).await.expect("a response, not a reset");
+    assert!(started.elapsed() < Duration::from_secs(2), "refusal took {:?}", started.elapsed());
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    let lower = refused.to_ascii_lowercase();
+    assert!(lower.contains("retry-after: 1\r\n") && lower.contains("connection: close\r\n"), "{refused}");
+    let body: serde_json::Value =
+        serde_json::from_str(refused.split("\r\n\r\n").nth(1).expect("a body")).expect("a JSON envelope");
+    assert_eq!(body["error"]["code"], "load_shed");
+    assert_eq!(body["error"]["recovery"]["retryable"], true);
+    assert_eq!(running.state.connections.refused(), 1);
+
+    // Health and ops requests are served over the cap (one request, then the connection closes).
+    let health = one_shot(addr, HEALTH, wait).await.expect("health");
+    assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+    let status = one_shot(addr, b"GET /v1/ops/status HTTP/1.1\r\nhost: test\r\n\r\n", wait).await.expect("ops");
+    assert!(status.starts_with("HTTP/1.1 200 "), "{status}");
+    let status: serde_json::Value = serde_json::from_str(status.split("\r\n\r\n").nth(1).expect("body")).expect("json");
+    let published = &status["layers"]["connections"];
+    assert_eq!(published["overflow"], "refuse");
+    assert_eq!(published["refused"], 1);
+    assert_eq!(published["listen_backlog"], 16);
+    assert!(published["served_over_cap"].as_u64() >= Some(2), "{published}");
+    // A path that only starts like a bypass path is not one.
+    let sneaky = one_shot(addr, b"GET /healthz HTTP/1.1\r\nhost: test\r\n\r\n", wait).await.expect("refused");
+    assert!(sneaky.starts_with("HTTP/1.1 503 "), "{sneaky}");
+
+    // Once a connection closes, a new one is served by the app again (401: no token).
+    drop(first);
+    let deadline = Instant::now() + wait;
+    while running.state.connections.open() > 1 {
+        assert!(Instant::now() < deadline, "the closed connection was not released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = one_shot(addr, INBOX, Duration::from_millis(500)).await.expect("served");
+    assert!(served.starts_with("HTTP/1.1 401 "), "{served}");
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn past_the_cap_with_refusals_saturated_connections_are_reset(pool: PgPool) {
+    let app = common::spawn_with(pool, &["--max-connections", "1", "--max-refusing-connections", "0"]).await;
+    let addr = app.running.addr;
+    let _held = held_connection(addr).await;
+    let started = Instant::now();
+    let reply = one_shot(addr, HEALTH, Duration::from_secs(5)).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "reset took {:?}", started.elapsed());
+    // A reset shows as an error or as an empty read, never as a response.
+    assert!(reply.as_deref().map_or(true, str::is_empty), "{reply:?}");
+    assert_eq!(app.running.state.connections.reset(), 1);
+    assert_eq!(app.running.state.connections.refused(), 0);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn with_a_backlog_overflow_connections_past_the_cap_wait_for_a_free_slot(pool: PgPool) {
+    let app = common::spawn_with(pool, &["--max-connections", "1", "--connection-overflow", "backlog"]).await;
+    let addr = app.running.addr;
+    let held = held_connection(addr).await;
+    let waiting = tokio::spawn(one_shot(addr, HEALTH, Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!waiting.is_finished(), "answered while the cap was taken");
+    drop(held);
+    let reply = waiting.await.expect("task").expect("served once a slot frees");
+    assert!(reply.starts_with("HTTP/1.1 200 "), "{reply}");
+    assert_eq!(app.running.state.connections.refused() + app.running.state.connections.reset(), 0);
 }

@@ -77,6 +77,7 @@ fn like_prefix(prefix: &str) -> String {
 ///
 /// # Errors
 /// [`DomainError::BadQuery`] for a bad cursor.
+#[tracing::instrument(name = "db contacts.list", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn list(
     pool: &Pool,
     tenant: TenantId,
@@ -89,7 +90,14 @@ pub async fn list(
             let (k, id) = c.text().map_err(|e| DomainError::BadQuery(e.to_string()))?;
             (k.to_owned(), id)
         }
-        None => (String::new(), Uuid::nil()),
+        // A prefix search starts its keyset at the prefix: every match sorts at or after it, so
+        // the index scan begins at the first candidate instead of filtering from the start.
+        None => match search {
+            ContactSearch::All => (String::new(), Uuid::nil()),
+            ContactSearch::NamePrefix(prefix) | ContactSearch::EmailPrefix(prefix) => {
+                (prefix.to_lowercase(), Uuid::nil())
+            }
+        },
     };
     let n = i64::from(limit) + 1;
     let t = tenant.0;
@@ -175,6 +183,7 @@ pub async fn list(
 ///
 /// # Errors
 /// [`DomainError::NotFound`] when unknown, another tenant's, or erased.
+#[tracing::instrument(name = "db contacts.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Contact> {
     sqlx::query_as!(
         Contact,
@@ -199,6 +208,7 @@ pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Contact> {
 ///
 /// # Errors
 /// [`DomainError::Invalid`] for an empty or over-long name or email.
+#[tracing::instrument(name = "db contacts.create", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Contact> {
     let name = new.name.trim();
     if name.is_empty() || name.chars().count() > 200 {
@@ -230,6 +240,20 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
 /// # Errors
 /// [`DomainError::NotFound`] when unknown, another tenant's, or already erased.
 pub async fn request_erasure(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<ErasureAccepted> {
+    request_erasure_traced(pool, tenant, id, None).await
+}
+
+/// As [`request_erasure`], the job carrying the caller's W3C `traceparent` to the worker.
+///
+/// # Errors
+/// As [`request_erasure`].
+#[tracing::instrument(name = "db contacts.request_erasure", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
+pub async fn request_erasure_traced(
+    pool: &Pool,
+    tenant: TenantId,
+    id: Uuid,
+    traceparent: Option<String>,
+) -> Result<ErasureAccepted> {
     let mut tx = pool.begin().await?;
     let erased = sqlx::query_scalar!(
         "UPDATE contacts SET erased_at = now()
@@ -243,7 +267,7 @@ pub async fn request_erasure(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<
     if erased.is_none() {
         return Err(DomainError::NotFound);
     }
-    let job_id = jobs::enqueue(&mut tx, jobs::NewJob::erase_contact(tenant, id)).await?;
+    let job_id = jobs::enqueue(&mut tx, jobs::NewJob::erase_contact(tenant, id).with_traceparent(traceparent)).await?;
     tx.commit().await?;
     Ok(ErasureAccepted { job_id })
 }
@@ -256,6 +280,7 @@ pub async fn request_erasure(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<
 ///
 /// # Errors
 /// A database error; the job is then retried and picks up where it stopped.
+#[tracing::instrument(name = "db contacts.erase", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn erase(pool: &Pool, tenant: TenantId, id: Uuid, batch: i64) -> Result<(u64, u64)> {
     let mut messages = 0;
     loop {

@@ -126,6 +126,7 @@ macro_rules! inbox_query {
 /// # Errors
 /// [`DomainError::BadQuery`] for a bad cursor or for `inbox_id` and an assignee filter together
 /// (no index serves that shape; filter by one of them).
+#[tracing::instrument(name = "db conversations.list", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn list(
     pool: &Pool,
     tenant: TenantId,
@@ -168,6 +169,7 @@ pub async fn list(
 ///
 /// # Errors
 /// As above, or a database error.
+#[tracing::instrument(name = "db conversations.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Conversation> {
     sqlx::query_as!(
         Conversation,
@@ -189,6 +191,7 @@ pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Conversation
 ///
 /// # Errors
 /// [`DomainError::Invalid`] when the contact, inbox or assignee is not the tenant's.
+#[tracing::instrument(name = "db conversations.create", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn create(pool: &Pool, tenant: TenantId, new: NewConversation) -> Result<Conversation> {
     let mut tx = pool.begin().await?;
     // FOR SHARE: an erasure requested concurrently waits for this transaction, and one already
@@ -225,6 +228,7 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewConversation) -> Resu
 /// # Errors
 /// [`DomainError::NotFound`] as for [`get`]; [`DomainError::Invalid`] for an assignee who is not
 /// a user of the tenant.
+#[tracing::instrument(name = "db conversations.update", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn update(pool: &Pool, tenant: TenantId, id: Uuid, changes: ConversationChanges) -> Result<Conversation> {
     let (set_assignee, assignee) = match changes.assignee_id {
         Some(a) => (true, a),

@@ -128,6 +128,7 @@ impl NewJob {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(name = "db jobs.enqueue", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn enqueue(conn: &mut PgConnection, job: NewJob) -> Result<Uuid> {
     // The live job holding the key can finish between the INSERT and the SELECT below; then the
     // key is free again and the next round inserts.
@@ -171,6 +172,7 @@ pub async fn enqueue(conn: &mut PgConnection, job: NewJob) -> Result<Uuid> {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.enqueue_many", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn enqueue_many(conn: &mut PgConnection, kind: &'static str, payloads: &[serde_json::Value]) -> Result<u64> {
     let ids: Vec<Uuid> = payloads.iter().map(|_| new_id()).collect();
     let inserted = sqlx::query!(
@@ -232,6 +234,7 @@ pub struct Lease {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.claim", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn claim(
     pool: &Pool,
     owner: &str,
@@ -268,6 +271,7 @@ pub async fn claim(
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.heartbeat", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn heartbeat(pool: &Pool, owner: &str, leases: &[Lease], lease_seconds: f64) -> Result<Vec<Uuid>> {
     let (ids, attempts) = split(leases);
     let held = sqlx::query_scalar!(
@@ -293,6 +297,7 @@ fn split(leases: &[Lease]) -> (Vec<Uuid>, Vec<i32>) {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(name = "db jobs.complete", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn complete(pool: &Pool, owner: &str, lease: Lease) -> Result<bool> {
     Ok(complete_many(pool, owner, &[lease]).await? == 1)
 }
@@ -302,6 +307,7 @@ pub async fn complete(pool: &Pool, owner: &str, lease: Lease) -> Result<bool> {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.complete_many", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn complete_many(pool: &Pool, owner: &str, leases: &[Lease]) -> Result<u64> {
     let (ids, attempts) = split(leases);
     let done = sqlx::query!(
@@ -325,6 +331,7 @@ pub async fn complete_many(pool: &Pool, owner: &str, leases: &[Lease]) -> Result
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(name = "db jobs.fail", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn fail(
     pool: &Pool,
     owner: &str,
@@ -360,6 +367,7 @@ pub async fn fail(
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.release", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn release(pool: &Pool, owner: &str, leases: &[Lease]) -> Result<u64> {
     let (ids, attempts) = split(leases);
     let mut tx = pool.begin().await?;
@@ -404,6 +412,7 @@ pub struct Rescued {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.rescue", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn rescue(pool: &Pool, batch: i64) -> Result<Rescued> {
     let mut tx = pool.begin().await?;
     let states = sqlx::query_scalar!(
@@ -439,6 +448,7 @@ pub async fn rescue(pool: &Pool, batch: i64) -> Result<Rescued> {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.prune", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn prune(pool: &Pool, completed_after_seconds: f64, dead_after_seconds: f64, batch: i64) -> Result<u64> {
     let completed = sqlx::query!(
         "DELETE FROM jobs WHERE id IN (
@@ -507,6 +517,7 @@ pub struct Job {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(name = "db jobs.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn get(pool: &Pool, id: Uuid) -> Result<Option<Job>> {
     let job = sqlx::query_as!(
         Job,
@@ -592,6 +603,7 @@ pub const STATS_WINDOW_SECONDS: i64 = 60;
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db jobs.stats", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn stats(pool: &Pool) -> Result<QueueStats> {
     let rows = sqlx::query!(
         r#"SELECT kind,

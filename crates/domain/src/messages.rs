@@ -82,6 +82,7 @@ async fn visible(pool: &Pool, tenant: TenantId, conversation: Uuid) -> Result<()
 /// # Errors
 /// [`DomainError::NotFound`] when the conversation is not visible to the tenant;
 /// [`DomainError::BadQuery`] for a bad cursor.
+#[tracing::instrument(name = "db messages.list", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn list(
     pool: &Pool,
     tenant: TenantId,
@@ -147,11 +148,13 @@ pub struct Posted {
 ///
 /// With an idempotency key, a retry of the same request returns the first message and writes
 /// nothing; the same key with a different body or conversation is a [`DomainError::Conflict`].
+/// `traceparent` (the caller's W3C trace context) is carried by the delivery job to the worker.
 ///
 /// # Errors
 /// [`DomainError::NotFound`] when the conversation is not visible; [`DomainError::Invalid`] for
 /// an empty or oversized body; [`DomainError::UnknownPrincipal`] when the token's user does not
 /// exist in the tenant.
+#[tracing::instrument(name = "db messages.post", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn post(
     pool: &Pool,
     tenant: TenantId,
@@ -159,6 +162,7 @@ pub async fn post(
     conversation: Uuid,
     body: &str,
     idempotency_key: Option<&str>,
+    traceparent: Option<String>,
 ) -> Result<Posted> {
     let chars = body.chars().count();
     if body.trim().is_empty() || chars > MAX_BODY_CHARS {
@@ -249,8 +253,9 @@ pub async fn post(
     .await?;
 
     if target.has_webhook {
-        crate::jobs::enqueue(&mut tx, crate::jobs::NewJob::deliver_message(tenant, target.inbox_id, conversation, id))
-            .await?;
+        let job = crate::jobs::NewJob::deliver_message(tenant, target.inbox_id, conversation, id)
+            .with_traceparent(traceparent);
+        crate::jobs::enqueue(&mut tx, job).await?;
     }
     tx.commit().await?;
     Ok(Posted { message, replayed: false })

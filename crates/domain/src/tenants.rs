@@ -20,6 +20,7 @@ pub enum Role {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db tenants.create_tenant", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn create_tenant(pool: &Pool, name: &str) -> Result<TenantId> {
     let id = new_id();
     sqlx::query!("INSERT INTO tenants (id, name) VALUES ($1, $2)", id, name).execute(pool).await?;
@@ -30,6 +31,7 @@ pub async fn create_tenant(pool: &Pool, name: &str) -> Result<TenantId> {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db tenants.create_user", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn create_user(pool: &Pool, tenant: TenantId, name: &str, email: &str, role: Role) -> Result<UserId> {
     let id = new_id();
     sqlx::query!(
@@ -51,6 +53,7 @@ pub async fn create_user(pool: &Pool, tenant: TenantId, name: &str, email: &str,
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db tenants.create_inbox", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn create_inbox(
     pool: &Pool,
     tenant: TenantId,
@@ -80,6 +83,7 @@ pub async fn create_inbox(
 ///
 /// # Errors
 /// [`crate::DomainError::NotFound`] when the inbox is not the tenant's.
+#[tracing::instrument(name = "db tenants.webhook_secret", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn webhook_secret(pool: &Pool, tenant: TenantId, inbox: Uuid) -> Result<Option<String>> {
     let row =
         sqlx::query_scalar!("SELECT webhook_secret FROM inboxes WHERE tenant_id = $1 AND id = $2", tenant.0, inbox)
@@ -93,6 +97,7 @@ pub async fn webhook_secret(pool: &Pool, tenant: TenantId, inbox: Uuid) -> Resul
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db tenants.any_user", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn any_user(pool: &Pool) -> Result<Option<(TenantId, UserId, Role)>> {
     let row = sqlx::query!(
         r#"WITH biggest AS (
@@ -125,6 +130,7 @@ pub struct ThrottleOverride {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(level = "debug", name = "db tenants.throttle_overrides", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn throttle_overrides(pool: &Pool) -> Result<Vec<ThrottleOverride>> {
     let rows = sqlx::query!(
         r#"SELECT id, throttle_rate_per_sec AS "rate!", throttle_burst AS "burst!"
@@ -146,6 +152,7 @@ pub async fn throttle_overrides(pool: &Pool) -> Result<Vec<ThrottleOverride>> {
 ///
 /// # Errors
 /// A database error, or [`crate::DomainError::Invalid`] for a non-positive rate or burst.
+#[tracing::instrument(level = "debug", name = "db tenants.set_throttle_override", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn set_throttle_override(pool: &Pool, tenant: TenantId, limit: Option<(f64, u32)>) -> Result<()> {
     let (rate, burst) = match limit {
         Some((r, b)) if r > 0.0 && b > 0 => (Some(r), Some(i32::try_from(b).unwrap_or(i32::MAX))),

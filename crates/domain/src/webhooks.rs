@@ -331,6 +331,7 @@ pub struct Outbound {
 ///
 /// # Errors
 /// A database error.
+#[tracing::instrument(name = "db webhooks.outbound", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn outbound(pool: &Pool, tenant: TenantId, message: Uuid) -> Result<Option<Outbound>> {
     let row = sqlx::query!(
         r#"SELECT i.webhook_url AS "webhook_url!", i.webhook_secret, c.inbox_id, c.id AS conversation_id,

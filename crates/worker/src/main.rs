@@ -128,6 +128,11 @@ struct Config {
     /// Log as JSON lines.
     #[arg(long, env = "LOG_JSON", default_value_t = false, global = true)]
     log_json: bool,
+    /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
+    /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported. A job's span continues
+    /// the trace of the request that enqueued it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    otel_exporter_otlp_endpoint: Option<String>,
 }
 
 impl Config {
@@ -189,16 +194,23 @@ impl Config {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    if cli.config.log_json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
-    match &cli.command {
+    let telemetry = breakwater_telemetry::Telemetry::init(&breakwater_telemetry::Settings {
+        service: "breakwater-worker",
+        logs: if cli.config.log_json {
+            breakwater_telemetry::LogOutput::Json
+        } else {
+            breakwater_telemetry::LogOutput::Pretty
+        },
+        default_filter: "info",
+        otlp_endpoint: cli.config.otel_exporter_otlp_endpoint.as_deref(),
+    })?;
+    let result = match &cli.command {
         Some(Command::Bench(args)) => bench::run(&cli.config.database_url, args).await,
         None => run(&cli.config).await,
-    }
+    };
+    // The spans of the last jobs are still in the batch processor's buffer.
+    telemetry.shutdown(Duration::from_secs(3));
+    result
 }
 
 async fn run(config: &Config) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::WorkerOptions;
@@ -282,7 +283,38 @@ async fn idle(shared: &Shared, stop: &CancellationToken) {
     }
 }
 
+/// The span of one attempt: a child of the enqueuing request's span when the job carries its
+/// `traceparent`, so the request and the work it caused are one trace.
+fn job_span(job: &ClaimedJob) -> tracing::Span {
+    let span = tracing::info_span!(
+        parent: None,
+        "job",
+        otel.name = %format_args!("job {}", job.kind),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        job.id = %job.id,
+        job.kind = %job.kind,
+        job.attempt = job.attempts,
+    );
+    if let Some(traceparent) = &job.traceparent {
+        breakwater_telemetry::set_parent_from_traceparent(&span, traceparent);
+    }
+    span
+}
+
 async fn run_job(
+    shared: Arc<Shared>,
+    job: ClaimedJob,
+    slot: OwnedSemaphorePermit,
+    cancel: CancellationToken,
+    done: mpsc::UnboundedSender<Lease>,
+    claimed_at: Instant,
+) {
+    let span = job_span(&job);
+    run_attempt(shared, job, slot, cancel, done, claimed_at).instrument(span).await;
+}
+
+async fn run_attempt(
     shared: Arc<Shared>,
     job: ClaimedJob,
     _slot: OwnedSemaphorePermit,
@@ -315,6 +347,7 @@ async fn run_job(
             }
         }
         Some(Err(error)) => {
+            tracing::Span::current().record("otel.status_code", "ERROR");
             let delay = options.backoff.next(job.attempts, error.retry_after);
             let state =
                 jobs::fail(&shared.pool, &options.owner, lease, &error.message, delay.as_secs_f64(), error.permanent)

@@ -54,7 +54,7 @@ async fn burst(pool: &Pool, f: &Arc<common::Fixture>, n: usize, round: usize) {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let conv = f.conversations[i % f.conversations.len()];
-                messages::post(&pool, f.tenant, f.agent, conv, &format!("burst {round} message {i}"), None)
+                messages::post(&pool, f.tenant, f.agent, conv, &format!("burst {round} message {i}"), None, None)
                     .await
                     .unwrap();
             })

@@ -39,7 +39,7 @@ async fn post(pool: &Pool, f: &common::Fixture, n: usize) -> Vec<Uuid> {
     let mut ids = Vec::new();
     for i in 0..n {
         let conv = f.conversations[i % f.conversations.len()];
-        let posted = messages::post(pool, f.tenant, f.agent, conv, &format!("hello {i}"), None).await.unwrap();
+        let posted = messages::post(pool, f.tenant, f.agent, conv, &format!("hello {i}"), None, None).await.unwrap();
         ids.push(posted.message.id);
     }
     ids

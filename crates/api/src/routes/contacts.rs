@@ -107,6 +107,8 @@ pub(crate) async fn erase(
     auth: Auth,
     Path(id): Path<Uuid>,
 ) -> ApiResult<impl IntoResponse> {
-    let accepted = contacts::request_erasure(&state.pool, auth.tenant, id).await?;
+    // The erasure job continues this request's trace in the worker.
+    let traceparent = breakwater_telemetry::current_traceparent();
+    let accepted = contacts::request_erasure_traced(&state.pool, auth.tenant, id, traceparent).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
 }

@@ -90,7 +90,9 @@ pub(crate) async fn create(
             Some(key)
         }
     };
-    let posted = messages::post(&state.pool, auth.tenant, auth.user, id, &body.body, key).await?;
+    // The delivery job continues this request's trace in the worker.
+    let traceparent = breakwater_telemetry::current_traceparent();
+    let posted = messages::post(&state.pool, auth.tenant, auth.user, id, &body.body, key, traceparent).await?;
     let mut response = (StatusCode::CREATED, axum::Json(posted.message)).into_response();
     if posted.replayed {
         response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));

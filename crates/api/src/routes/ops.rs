@@ -46,6 +46,20 @@ pub(crate) struct Layers {
     pool: Pool,
     /// PostgreSQL's own connection limit.
     postgres: Postgres,
+    /// The job queue behind the API (message deliveries, erasures); null when the database has
+    /// not answered in time since start.
+    jobs: Option<Jobs>,
+}
+
+/// The job queue's figures, read through a cache (`JOBS_STATS_TTL_MS`) with a bounded wait
+/// (`JOBS_STATS_TIMEOUT_MS`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Jobs {
+    /// How old these figures are, seconds.
+    age_seconds: f64,
+    /// The figures.
+    #[serde(flatten)]
+    stats: breakwater_domain::jobs::QueueStats,
 }
 
 /// PostgreSQL's own limits.
@@ -62,6 +76,18 @@ pub(crate) struct Connections {
     max: usize,
     /// Connections open now.
     open: usize,
+    /// What happens to a connection past `max`.
+    overflow: crate::server::ConnectionOverflow,
+    /// Most connections being refused at once past `max`; further ones are reset.
+    refusing_max: usize,
+    /// Connections answered the canned 503 past `max`, since start.
+    refused: u64,
+    /// Connections reset at accept (too many refusals under way), since start.
+    reset: u64,
+    /// Health and ops requests served on connections past `max`, since start.
+    served_over_cap: u64,
+    /// The listen socket's backlog as configured (the kernel caps it at `net.core.somaxconn`).
+    listen_backlog: u32,
     /// Idle keep-alive timeout, seconds (longer than the load balancer's).
     keep_alive_timeout_seconds: u64,
     /// Header read timeout, seconds.
@@ -106,6 +132,11 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     .ok()
     .and_then(Result::ok)
     .and_then(|v| v.parse().ok());
+    let jobs = state
+        .queue_stats
+        .get(&state.pool)
+        .await
+        .map(|r| Jobs { age_seconds: r.age().as_secs_f64(), stats: (*r.stats).clone() });
     let size = state.pool.size();
     let idle = state.pool.num_idle();
     Json(OpsStatus {
@@ -120,6 +151,12 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             connections: Connections {
                 max: cfg.max_connections,
                 open: state.connections.open(),
+                overflow: state.connections.overflow(),
+                refusing_max: state.connections.refusing_max(),
+                refused: state.connections.refused(),
+                reset: state.connections.reset(),
+                served_over_cap: state.connections.served_over_cap(),
+                listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
                 request_timeout_seconds: cfg.request_timeout_secs,
@@ -137,6 +174,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 statement_timeout_ms: cfg.db.db_statement_timeout_ms,
             },
             postgres: Postgres { max_connections },
+            jobs,
         },
     })
 }
