@@ -186,7 +186,8 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let perf_md = docs.then(|| root.join("docs/PERFORMANCE.md"));
     if let Some(json) = &args.from_json {
         let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-        let lab: Lab = serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
+        let mut lab: Lab =
+            serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
         anyhow::ensure!(
             lab.schema == lab_report::SCHEMA,
             "{} has schema {}, not {}",
@@ -194,6 +195,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             lab.schema,
             lab_report::SCHEMA
         );
+        lab_report::recompute(&mut lab);
         let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
         println!("{}", lab_report::summary(&lab));
         for w in written {
