@@ -46,7 +46,7 @@ pub(crate) struct LabArgs {
     /// Connections of the competing load on PostgreSQL in the capacity-change run.
     #[arg(long, default_value_t = 3)]
     burners: usize,
-    /// Do not build (use the release binaries already in target/release).
+    /// Do not build (use the binaries already in target/release, or target/debug with --quick).
     #[arg(long)]
     no_build: bool,
     /// Measure nothing: write the report again from a run's `lab.json` (to the same places as a
@@ -232,15 +232,19 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     // conversations to pending, which would otherwise drain the inboxes run after run).
     let served = format!("{database}_run");
     let db_url = services::with_database(&server, &served);
-    let bin = root.join("target/release");
+    // A full run measures release builds. A quick run asserts nothing about speed: it uses debug
+    // builds, which reuse what `cargo test` just compiled in CI.
+    let (profile, bin) =
+        if args.quick { (None, root.join("target/debug")) } else { (Some("--release"), root.join("target/release")) };
     if !args.no_build {
-        log("building the release binaries (api, seed, loadlab)");
+        log(&format!("building the {} binaries (api, seed, loadlab)", if args.quick { "debug" } else { "release" }));
         let status = std::process::Command::new(services::cargo())
-            .args(["build", "--release", "-p", "breakwater-api", "-p", "breakwater-seed", "-p", "breakwater-loadlab"])
+            .args(["build", "-p", "breakwater-api", "-p", "breakwater-seed", "-p", "breakwater-loadlab"])
+            .args(profile)
             .args(["--bin", "breakwater-api", "--bin", "breakwater-seed", "--bin", "loadlab"])
             .current_dir(&root)
             .status()?;
-        anyhow::ensure!(status.success(), "the release build failed");
+        anyhow::ensure!(status.success(), "the build failed");
     }
     let seed = seed(&bin, &server, &database, args.quick).await?;
     let tokens = tokens(&services::with_database(&server, &database), &runs_dir, plan.noisy_factor).await?;

@@ -789,7 +789,7 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     if lab.plan.quick {
         let _ = writeln!(
             s,
-            "> **Quick mode**: a smoke check with a small seed and very short steps. Nothing here measures speed.\n"
+            "> **Quick mode**: a smoke check with debug builds, a small seed and very short steps. Nothing here measures speed.\n"
         );
     }
     let _ = writeln!(
