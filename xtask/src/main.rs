@@ -6,9 +6,12 @@
 //! - `cargo xtask pinned -- <command...>`: a command in a cgroup at the production task's shape.
 //! - `cargo xtask bench-queries`: the API's queries timed on the full skewed seed.
 //! - `cargo xtask chaos [--quick]`: the reliability suite (faults and hostile input, under load).
+//! - `cargo xtask lab [--quick]`: the headline experiment (admission off, static, adaptive) pinned.
 
 mod bench_queries;
 mod chaos;
+mod lab;
+mod lab_report;
 mod services;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +41,9 @@ enum Command {
     /// The reliability suite: PostgreSQL and Redis faults, SIGTERM, hostile clients and fuzzing,
     /// under load, against private servers; exits non-zero on any violated expectation.
     Chaos(chaos::ChaosArgs),
+    /// The headline experiment: admission off, static and adaptive at the production shape
+    /// (report in docs/PERFORMANCE.md and docs/lab/; `--quick` for a CI smoke run).
+    Lab(lab::LabArgs),
 }
 
 mod dev;
@@ -52,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dev(args) => runtime()?.block_on(dev::run(args)),
         Command::Test { args } => runtime()?.block_on(test(args)),
         Command::Pinned(args) => runtime()?.block_on(pinned::run(args)),
+        Command::Lab(args) => runtime()?.block_on(lab::run(args)),
     }
 }
 

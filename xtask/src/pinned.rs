@@ -46,6 +46,11 @@ pub(crate) struct PinnedArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Millicores(u64);
 
+impl Millicores {
+    /// A quarter of a core: the production task (Fargate, 256 CPU units).
+    pub(crate) const QUARTER: Self = Self(250);
+}
+
 impl fmt::Display for Millicores {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let frac = format!("{:03}", self.0 % 1000);
@@ -398,6 +403,48 @@ impl Pinned {
 
     /// The counters so far.
     pub(crate) fn stats(&self) -> Stats {
+        self.counters().read()
+    }
+
+    /// What reads the group's counters, apart from the group (for a sampler running beside it).
+    pub(crate) fn counters(&self) -> Counters {
+        Counters {
+            version: self.version,
+            cpu: self.cpu.clone(),
+            memory: self.memory.clone(),
+            cpuacct: self.cpuacct.clone(),
+        }
+    }
+
+    /// Kills whatever is left in the group and removes it; returns what could not be removed.
+    fn remove(&self) -> Vec<String> {
+        let mut dirs = vec![self.cpu.clone()];
+        if self.memory != self.cpu {
+            dirs.push(self.memory.clone());
+        }
+        dirs.extend(self.cpuacct.clone());
+        let mut failed = Vec::new();
+        for dir in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = remove_group(&dir) {
+                failed.push(format!("{}: {e}", dir.display()));
+            }
+        }
+        failed
+    }
+}
+
+/// The paths of a group's counter files: reading them is all a sampler needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Counters {
+    version: Version,
+    cpu: PathBuf,
+    memory: PathBuf,
+    cpuacct: Option<PathBuf>,
+}
+
+impl Counters {
+    /// The counters so far (all zero once the group is gone).
+    pub(crate) fn read(&self) -> Stats {
         let mut stats = parse_cpu_stat(&read(&self.cpu.join("cpu.stat")).unwrap_or_default());
         match self.version {
             Version::V1 => {
@@ -418,22 +465,6 @@ impl Pinned {
             }
         }
         stats
-    }
-
-    /// Kills whatever is left in the group and removes it; returns what could not be removed.
-    fn remove(&self) -> Vec<String> {
-        let mut dirs = vec![self.cpu.clone()];
-        if self.memory != self.cpu {
-            dirs.push(self.memory.clone());
-        }
-        dirs.extend(self.cpuacct.clone());
-        let mut failed = Vec::new();
-        for dir in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
-            if let Err(e) = remove_group(&dir) {
-                failed.push(format!("{}: {e}", dir.display()));
-            }
-        }
-        failed
     }
 }
 

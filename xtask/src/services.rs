@@ -161,7 +161,7 @@ impl Cluster {
     }
 }
 
-fn database_name(url: &str) -> String {
+pub(crate) fn database_name(url: &str) -> String {
     url.split('?')
         .next()
         .and_then(|u| u.rsplit('/').next())

@@ -205,6 +205,8 @@ async fn with_a_backlog_overflow_connections_past_the_cap_wait_for_a_free_slot(p
     let reply = waiting.await.expect("task").expect("served once a slot frees");
     assert!(reply.starts_with("HTTP/1.1 200 "), "{reply}");
     assert_eq!(app.running.state.connections.refused() + app.running.state.connections.reset(), 0);
+}
+
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn once_draining_every_response_closes_its_connection(pool: PgPool) {
     let app = common::spawn(pool).await;

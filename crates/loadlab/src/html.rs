@@ -5,10 +5,13 @@
 use std::fmt::Write as _;
 
 use plotters::prelude::*;
+/// The colour type of [`Series`], for callers that draw with [`chart`].
+pub use plotters::style::RGBColor;
 
 use crate::report::{Report, StepReport};
 
-type Series = (String, RGBColor, Vec<(f64, f64)>);
+/// A named, coloured line of `(x, y)` points.
+pub type Series = (String, RGBColor, Vec<(f64, f64)>);
 
 fn x_of(s: &StepReport) -> f64 {
     s.offered_rps.or(s.concurrency.map(|c| c as f64)).unwrap_or(s.index as f64)
@@ -22,8 +25,9 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// One line chart as an SVG string; empty if there is nothing to draw.
-fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: bool) -> String {
+/// One line chart as an SVG string (760 x 360); empty if there is nothing to draw. Also used
+/// by `cargo xtask lab` for its charts.
+pub fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: bool) -> String {
     let pts: Vec<(f64, f64)> =
         series.iter().flat_map(|s| s.2.iter().copied()).filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
     if pts.is_empty() {

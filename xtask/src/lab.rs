@@ -1,0 +1,814 @@
+//! `cargo xtask lab`: the headline experiment in one command (docs/PERFORMANCE.md, "The lab").
+//!
+//! Builds the release binaries, seeds its own database (reused while the seed parameters match),
+//! then, for each admission variant (`off`, `static` 80, `adaptive`), starts the API alone in a
+//! cgroup at the production task's shape (0.25 core, 512 MiB) and drives it with the `loadlab`
+//! binary from outside the cgroup: the closed-loop sweep, an open-loop ramp from 0.25x to 10x the
+//! measured capacity over the full request mix, a capacity-change run (a competing load on
+//! PostgreSQL mid-run) and a noisy-neighbour run. Beside the load lab's own server samples it
+//! samples the cgroup's throttling counters, PostgreSQL's CPU, the machine's CPU and `/health`,
+//! so that every step says what saturated. The report is written by `lab_report`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use breakwater_loadlab::report::Report;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::lab_report::{self, Capacity, Lab, Machine, Noisy, PhaseRun, Variant, XSample};
+use crate::pinned::{Limits, Millicores, Pinned};
+use crate::services;
+
+/// Options of `cargo xtask lab`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LabArgs {
+    /// A few minutes in all (small seed, short steps, fewer points): a smoke check for CI that
+    /// asserts nothing about speed. Writes under target/ unless --out is given.
+    #[arg(long)]
+    quick: bool,
+    /// Where the report, charts and JSON go [default: docs/PERFORMANCE.md's section and docs/lab/
+    /// for a full run, target/lab-quick/ for --quick]. Raw load lab reports go to OUT/runs/
+    /// (target/lab/runs/ for a full run without --out).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The database the lab seeds and serves (on the server of DATABASE_URL) [default:
+    /// breakwater_lab, or breakwater_lab_quick with --quick].
+    #[arg(long)]
+    database: Option<String>,
+    /// Port the API listens on (127.0.0.1).
+    #[arg(long, default_value_t = 18_080)]
+    port: u16,
+    /// Connections of the competing load on PostgreSQL in the capacity-change run.
+    #[arg(long, default_value_t = 3)]
+    burners: usize,
+    /// Do not build (use the binaries already in target/release, or target/debug with --quick).
+    #[arg(long)]
+    no_build: bool,
+    /// Measure nothing: write the report again from a run's `lab.json` (to the same places as a
+    /// run with the same --quick and --out would).
+    #[arg(long, value_name = "LAB_JSON")]
+    from_json: Option<PathBuf>,
+}
+
+/// Step lengths and points of a run; `quick` is the CI smoke shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Plan {
+    pub(crate) quick: bool,
+    pub(crate) sweep_callers: Vec<usize>,
+    pub(crate) sweep_step_s: f64,
+    pub(crate) calibration_rps: Vec<f64>,
+    pub(crate) calibration_step_s: f64,
+    pub(crate) ramp_multiples: Vec<f64>,
+    pub(crate) ramp_step_s: f64,
+    pub(crate) pause_s: f64,
+    /// The capacity-change run: before, slowed, after (seconds) at `change_load` x capacity.
+    pub(crate) change_phases_s: [f64; 3],
+    pub(crate) change_load: f64,
+    /// The noisy-neighbour run: the others at `noisy_base` x capacity, one tenant at 10x its share.
+    pub(crate) noisy_base: f64,
+    pub(crate) noisy_factor: f64,
+    pub(crate) noisy_step_s: f64,
+    pub(crate) timeout_s: f64,
+    pub(crate) max_in_flight: usize,
+    pub(crate) sample_interval_ms: u64,
+}
+
+impl Plan {
+    pub(crate) fn new(quick: bool) -> Self {
+        let full = Self {
+            quick,
+            sweep_callers: vec![4, 16, 32, 192],
+            sweep_step_s: 10.0,
+            calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0],
+            calibration_step_s: 5.0,
+            ramp_multiples: vec![0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0],
+            ramp_step_s: 12.0,
+            pause_s: 3.0,
+            change_phases_s: [20.0, 40.0, 30.0],
+            change_load: 0.8,
+            noisy_base: 0.5,
+            noisy_factor: 10.0,
+            noisy_step_s: 30.0,
+            timeout_s: 5.0,
+            max_in_flight: 2048,
+            sample_interval_ms: 1000,
+        };
+        if !quick {
+            return full;
+        }
+        Self {
+            sweep_callers: vec![4, 32, 192],
+            sweep_step_s: 2.0,
+            calibration_rps: vec![25.0, 50.0, 100.0, 200.0],
+            calibration_step_s: 2.0,
+            ramp_multiples: vec![0.5, 1.0, 2.0, 10.0],
+            ramp_step_s: 2.0,
+            pause_s: 1.0,
+            change_phases_s: [3.0, 5.0, 3.0],
+            noisy_step_s: 3.0,
+            sample_interval_ms: 500,
+            ..full
+        }
+    }
+
+    /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
+    pub(crate) fn profiles(&self, noisy_rps: f64) -> String {
+        let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
+        let mut t = format!(
+            "# Written by `cargo xtask lab`: the stages of one lab run.\n\n[defaults]\nreader_share = 0.3\n\
+             think_time = \"200ms\"\npause = \"{}\"\narrivals = \"poisson\"\n",
+            secs(self.pause_s)
+        );
+        t.push_str(
+            "\n[profiles.lab-calibrate]\ndescription = \"Absolute rates, to measure the capacity once.\"\nstages = [\n",
+        );
+        for r in &self.calibration_rps {
+            t.push_str(&format!(
+                "  {{ name = \"cal-{r:.0}\", duration = \"{}\", rps = {r} }},\n",
+                secs(self.calibration_step_s)
+            ));
+        }
+        t.push_str("]\n\n[profiles.lab-ramp]\ndescription = \"0.25x to 10x the measured capacity.\"\nstages = [\n");
+        for m in &self.ramp_multiples {
+            t.push_str(&format!(
+                "  {{ name = \"{}\", duration = \"{}\", capacity = {m} }},\n",
+                lab_report::multiple_label(*m),
+                secs(self.ramp_step_s)
+            ));
+        }
+        let [a, b, c] = self.change_phases_s;
+        let load = self.change_load;
+        t.push_str(&format!(
+            "]\n\n[profiles.lab-capacity-change]\ndescription = \"A steady load while PostgreSQL slows down and recovers.\"\n\
+             pause = \"0s\"\nstages = [\n  {{ name = \"before\", duration = \"{}\", capacity = {load} }},\n  \
+             {{ name = \"db-slowed\", duration = \"{}\", capacity = {load} }},\n  \
+             {{ name = \"after\", duration = \"{}\", capacity = {load} }},\n]\n",
+            secs(a),
+            secs(b),
+            secs(c)
+        ));
+        t.push_str(&format!(
+            "\n[profiles.lab-noisy]\ndescription = \"One tenant at {}x its share, the others normal.\"\nstages = [\n  \
+             {{ name = \"noisy\", duration = \"{}\", rps = {noisy_rps:.1} }},\n]\n",
+            self.noisy_factor,
+            secs(self.noisy_step_s)
+        ));
+        t
+    }
+}
+
+/// The API's CPU quota and memory limit: the production task (Fargate 256 CPU units, 512 MiB).
+const CPUS: Millicores = Millicores::QUARTER;
+const MEMORY: u64 = 512 << 20;
+/// Seed parameters of each preset; the database is reused while its comment matches.
+const SEED_FULL: &str = "breakwater-seed full default (50 tenants, 400000 conversations, 2000000 messages, skew 0.55, seed 1; a template, never served)";
+const SEED_SMALL: &str = "breakwater-seed --small (5 tenants, 2000 conversations, 10000 messages, skew 0.55, seed 1; a template, never served)";
+
+fn log(msg: &str) {
+    eprintln!("lab: {msg}");
+}
+
+pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let plan = Plan::new(args.quick);
+    let root = services::root();
+    let (out, runs_dir, docs) = match (&args.out, args.quick) {
+        (Some(o), _) => (o.clone(), o.join("runs"), false),
+        (None, true) => (root.join("target/lab-quick"), root.join("target/lab-quick/runs"), false),
+        (None, false) => (root.join("docs/lab"), root.join("target/lab/runs"), true),
+    };
+    std::fs::create_dir_all(&out)?;
+    let perf_md = docs.then(|| root.join("docs/PERFORMANCE.md"));
+    if let Some(json) = &args.from_json {
+        let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+        let mut lab: Lab =
+            serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
+        anyhow::ensure!(
+            lab.schema == lab_report::SCHEMA,
+            "{} has schema {}, not {}",
+            json.display(),
+            lab.schema,
+            lab_report::SCHEMA
+        );
+        lab_report::recompute(&mut lab);
+        let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
+        println!("{}", lab_report::summary(&lab));
+        for w in written {
+            println!("wrote {}", w.display());
+        }
+        return Ok(());
+    }
+    std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+
+    // Is the production shape available? Full runs need it; quick runs say so loudly and go on.
+    let limits = Limits::new(CPUS, 100_000, MEMORY)?;
+    let pinning = match Pinned::create(limits) {
+        Ok(p) => {
+            log(&format!("the API runs pinned: {}", p.describe()));
+            Ok(())
+        }
+        Err(e) if args.quick => {
+            eprintln!(
+                "\nlab: WARNING: cannot pin the API ({e:#}).\nlab: WARNING: --quick goes on UNPINNED: its figures \
+                 are not at the production shape, and the report says so.\n"
+            );
+            Err(format!("{e:#}"))
+        }
+        Err(e) => return Err(e.context("the lab pins the API at 0.25 core / 512 MiB (run as root with cgroups)")),
+    };
+
+    let server = services::ensure_postgres(&services::database_url()).await?;
+    let database = args
+        .database
+        .clone()
+        .unwrap_or_else(|| if args.quick { "breakwater_lab_quick".into() } else { "breakwater_lab".into() });
+    // The seeded database is a template, never served: each run against the API gets a fresh
+    // copy of it, so every run starts from the same rows (journeys write replies and move open
+    // conversations to pending, which would otherwise drain the inboxes run after run).
+    let served = format!("{database}_run");
+    let db_url = services::with_database(&server, &served);
+    // A full run measures release builds. A quick run asserts nothing about speed: it uses debug
+    // builds, which reuse what `cargo test` just compiled in CI.
+    let (profile, bin) =
+        if args.quick { (None, root.join("target/debug")) } else { (Some("--release"), root.join("target/release")) };
+    if !args.no_build {
+        log(&format!("building the {} binaries (api, seed, loadlab)", if args.quick { "debug" } else { "release" }));
+        let status = std::process::Command::new(services::cargo())
+            .args(["build", "-p", "breakwater-api", "-p", "breakwater-seed", "-p", "breakwater-loadlab"])
+            .args(profile)
+            .args(["--bin", "breakwater-api", "--bin", "breakwater-seed", "--bin", "loadlab"])
+            .current_dir(&root)
+            .status()?;
+        anyhow::ensure!(status.success(), "the build failed");
+    }
+    let seed = seed(&bin, &server, &database, args.quick).await?;
+    let tokens = tokens(&services::with_database(&server, &database), &runs_dir, plan.noisy_factor).await?;
+    log(&format!("{} tenants, the heaviest at {:.0}% of the traffic", tokens.tenants, tokens.top_share * 100.0));
+
+    let mut lab = Lab {
+        schema: lab_report::SCHEMA.into(),
+        date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        machine: Machine::read(pinning.as_ref().err().cloned()),
+        commit: commit(&root),
+        seed,
+        database: database.clone(),
+        plan: plan.clone(),
+        capacity: None,
+        variants: Vec::new(),
+        noisy_tenant_share: tokens.top_share,
+        wall_s: 0.0,
+    };
+    let pin = pinning.is_ok();
+    let ctx = Ctx {
+        template: database.clone(),
+        bin,
+        db_url,
+        server: server.clone(),
+        runs: runs_dir,
+        port: args.port,
+        plan: plan.clone(),
+        tokens,
+        pin,
+    };
+
+    // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant. (The
+    // noisy-neighbour rate depends on it: the profiles file is written again below.)
+    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(1.0))?;
+    let cal = ctx.phase("adaptive", "calibrate", Throttles::Off, Load::Profile("lab-calibrate", None), None).await?;
+    let capacity = Capacity::from_calibration(&cal, plan.quick)?;
+    log(&format!("capacity {:.0} req/s ({})", capacity.rps, capacity.how));
+    lab.capacity = Some(capacity.clone());
+
+    // 2. Each variant: the sweep, the ramp, the capacity change, the noisy neighbour.
+    let noisy_rps = ctx.tokens.noisy_rps(capacity.rps * plan.noisy_base, plan.noisy_factor);
+    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(noisy_rps))?;
+    for variant in ["off", "static", "adaptive"] {
+        let mut v = Variant { name: variant.into(), ..Variant::default() };
+        let sweep = ctx.phase(variant, "sweep", Throttles::Off, Load::Sweep, None).await?;
+        v.sweep = lab_report::rows(&sweep, None);
+        let ramp =
+            ctx.phase(variant, "ramp", Throttles::Off, Load::Profile("lab-ramp", Some(capacity.rps)), None).await?;
+        v.ramp = lab_report::rows(&ramp, Some(capacity.rps));
+        let burn = Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 });
+        let change = ctx
+            .phase(
+                variant,
+                "capacity-change",
+                Throttles::Off,
+                Load::Profile("lab-capacity-change", Some(capacity.rps)),
+                Some(burn),
+            )
+            .await?;
+        v.change = lab_report::change(&change);
+        let noisy = ctx.phase(variant, "noisy", Throttles::Tenants, Load::Noisy, None).await?;
+        v.noisy = Noisy::from_run(&noisy, &ctx.tokens.noisy_tenant);
+        let runs = [&sweep, &ramp, &change, &noisy];
+        v.peak_rss_bytes = runs.iter().filter_map(|p| p.cgroup_peak).max();
+        v.oom_kills = runs.iter().map(|p| p.cgroup_oom_kills).sum();
+        lab.variants.push(v);
+    }
+    lab.wall_s = started.elapsed().as_secs_f64();
+    lab.machine.load_average.1 = lab_report::load_average();
+
+    // 3. The report.
+    let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
+    println!("\n{}", lab_report::summary(&lab));
+    for w in written {
+        println!("wrote {}", w.display());
+    }
+    println!("raw load lab reports: {}", ctx.runs.display());
+    Ok(())
+}
+
+/// Which throttles the API runs with.
+#[derive(Debug, Clone, Copy)]
+enum Throttles {
+    /// Off: the admission comparison is not confounded by per-tenant limits.
+    Off,
+    /// On, per tenant at the API's default; per IP and per user set out of reach (all load comes
+    /// from one address, and each tenant's traffic from a few users).
+    Tenants,
+}
+
+enum Load {
+    Sweep,
+    Profile(&'static str, Option<f64>),
+    Noisy,
+}
+
+struct Ctx {
+    /// The seeded database each run's copy is made from.
+    template: String,
+    bin: PathBuf,
+    db_url: String,
+    server: String,
+    runs: PathBuf,
+    port: u16,
+    plan: Plan,
+    tokens: TokenSet,
+    /// Whether the API runs pinned (always, except a quick run on a host without cgroups).
+    pin: bool,
+}
+
+impl Ctx {
+    /// (Re)creates the served database as a copy of the seeded `template`.
+    async fn fresh_copy(&self, template: &str) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let served = services::database_name(&self.db_url);
+        let admin =
+            PgPoolOptions::new().max_connections(1).connect(&services::with_database(&self.server, "postgres")).await?;
+        let q = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", q(&served))).execute(&admin).await?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY", q(&served), q(template)))
+            .execute(&admin)
+            .await
+            .with_context(|| format!("copying {template} (nothing may be connected to it)"))?;
+        admin.close().await;
+        log(&format!("fresh copy `{served}` of `{template}` in {:.1} s", t.elapsed().as_secs_f64()));
+        Ok(())
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the API (pinned when it can be) with `variant`, runs one load against it, stops it.
+    async fn phase(
+        &self,
+        variant: &str,
+        phase: &str,
+        throttles: Throttles,
+        load: Load,
+        burn: Option<Burn>,
+    ) -> anyhow::Result<PhaseRun> {
+        let name = format!("{variant}-{phase}");
+        log(&format!("== {name} =="));
+        self.fresh_copy(&self.template).await?;
+        let limits = Limits::new(CPUS, 100_000, MEMORY)?;
+        let pinned = if self.pin { Some(Pinned::create(limits)?) } else { None };
+        let argv: Vec<std::ffi::OsString> = vec![self.bin.join("breakwater-api").into(), "serve".into()];
+        let mut cmd = match &pinned {
+            Some(p) => p.command(&argv)?,
+            None => {
+                let mut c = tokio::process::Command::new(&argv[0]);
+                c.arg("serve").process_group(0);
+                c
+            }
+        };
+        let api_log = std::fs::File::create(self.runs.join(format!("{name}.api.log")))?;
+        cmd.env("DATABASE_URL", &self.db_url)
+            .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))
+            .env("ADMISSION", variant)
+            .env("ADMISSION_STATIC_LIMIT", "80")
+            .env("SHUTDOWN_GRACE_SECS", "2")
+            .env("LOG_FORMAT", "json")
+            .env("THROTTLE_KEY_PREFIX", format!("bwlab{}", std::process::id()))
+            .stdin(Stdio::null())
+            .stdout(api_log.try_clone()?)
+            .stderr(api_log)
+            .kill_on_drop(true);
+        match throttles {
+            Throttles::Off => {
+                cmd.env("THROTTLES", "off");
+            }
+            Throttles::Tenants => {
+                cmd.env("THROTTLES", "on").env("THROTTLE_IP_RATE", "1000000").env("THROTTLE_IP_BURST", "1000000");
+                cmd.env("THROTTLE_USER_RATE", "1000000").env("THROTTLE_USER_BURST", "1000000");
+            }
+        }
+        let mut api = cmd.spawn().context("starting the API")?;
+        let pid = api.id().context("the API exited at once")?;
+        wait_healthy(self.port, &mut api).await?;
+
+        let sampler = Sampler::start(self, pinned.as_ref(), Duration::from_millis(self.plan.sample_interval_ms)).await;
+        let out = self.runs.join(format!("{name}.json"));
+        let table = self.runs.join(format!("{name}.txt"));
+        let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
+        let p = &self.plan;
+        let timeout = format!("{}ms", (p.timeout_s * 1000.0).round());
+        let interval = format!("{}ms", p.sample_interval_ms);
+        let base = self.base();
+        match load {
+            Load::Sweep => {
+                let callers: Vec<String> = p.sweep_callers.iter().map(ToString::to_string).collect();
+                ll.arg("sweep")
+                    .args(["--url", &format!("{base}/v1/conversations?status=open&limit=25")])
+                    .args(["--url", &format!("{base}/v1/contacts?limit=25")])
+                    .args(["--concurrency", &callers.join(",")])
+                    .args(["--step", &format!("{}ms", (p.sweep_step_s * 1000.0).round())])
+                    .args(["--pause", &format!("{}ms", (p.pause_s * 1000.0).round())])
+                    .args(["--ops-url", &format!("{base}/v1/ops/status")])
+                    .arg("--tokens")
+                    .arg(&self.tokens.path);
+            }
+            Load::Profile(profile, capacity) => {
+                ll.args(["profile", profile, "--base", &base]).arg("--profiles").arg(self.runs.join("profiles.toml"));
+                if let Some(c) = capacity {
+                    ll.args(["--capacity", &format!("{c:.1}")]);
+                }
+                ll.args(["--headroom", "1", "--server-cpus", &CPUS.to_string()]).arg("--tokens").arg(&self.tokens.path);
+            }
+            Load::Noisy => {
+                ll.args(["profile", "lab-noisy", "--base", &base])
+                    .arg("--profiles")
+                    .arg(self.runs.join("profiles.toml"))
+                    .args(["--headroom", "1", "--server-cpus", &CPUS.to_string()])
+                    .arg("--tokens")
+                    .arg(&self.tokens.noisy_path);
+            }
+        }
+        ll.args(["--pid", &pid.to_string(), "--sample-interval", &interval, "--timeout", &timeout])
+            .args(["--max-in-flight", &p.max_in_flight.to_string()])
+            .arg("--out")
+            .arg(&out)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&table)?)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = ll.spawn().context("starting loadlab")?;
+        let stderr = child.stderr.take().context("loadlab's stderr")?;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut step_ends = Vec::new();
+        let mut burning: Option<Burning> = None;
+        let mut burn_window = None;
+        while let Some(line) = lines.next_line().await? {
+            eprintln!("  {line}");
+            if !line.starts_with("step ") {
+                continue;
+            }
+            step_ends.push(sampler.now());
+            // The capacity-change run: slow PostgreSQL down after the first stage, recover after the second.
+            if let Some(b) = &burn {
+                if step_ends.len() == 1 {
+                    log(&format!("slowing PostgreSQL down: {} connections of competing load", b.connections));
+                    burning = Some(Burning::start(&self.server, b.connections).await?);
+                } else if step_ends.len() == 2
+                    && let Some(running) = burning.take()
+                {
+                    let done = running.stop().await;
+                    log(&format!("competing load stopped ({} heavy queries ran)", done.queries));
+                    burn_window = Some(done);
+                }
+            }
+        }
+        let status = child.wait().await?;
+        if let Some(running) = burning.take() {
+            burn_window = Some(running.stop().await);
+        }
+        let samples = sampler.stop().await;
+        let cgroup = pinned.as_ref().map(Pinned::stats);
+        stop(&mut api, pid).await;
+        drop(pinned);
+        anyhow::ensure!(status.success(), "loadlab failed ({status}) in {name}: see the lines above");
+        let report = Report::read_json(&out)?;
+        Ok(PhaseRun {
+            name,
+            report,
+            step_ends,
+            samples,
+            cgroup_peak: cgroup.and_then(|c| c.peak_bytes),
+            cgroup_oom_kills: cgroup.and_then(|c| c.oom_kills),
+            burn: burn.map(|b| lab_report::BurnRecord {
+                connections: b.connections,
+                queries: burn_window.as_ref().map_or(0, |w| w.queries),
+                mean_query_ms: burn_window.as_ref().and_then(|w| w.mean_ms),
+            }),
+        })
+    }
+}
+
+/// Waits for `/health` (up to 30 s) or fails if the API exits.
+async fn wait_healthy(port: u16, api: &mut tokio::process::Child) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if health(port, Duration::from_millis(500)).await.is_some() {
+            return Ok(());
+        }
+        if let Some(status) = api.try_wait()? {
+            bail!("the API exited ({status}) before answering /health: see its log under the runs directory");
+        }
+        if Instant::now() > deadline {
+            bail!("the API did not answer /health within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `GET /health` on a fresh connection: its latency in ms when it answered 200 in time.
+async fn health(port: u16, timeout: Duration) -> Option<f64> {
+    let t = Instant::now();
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n").await.ok()?;
+        let mut buf = Vec::with_capacity(256);
+        s.read_to_end(&mut buf).await.ok()?;
+        buf.starts_with(b"HTTP/1.1 200").then_some(())
+    };
+    tokio::time::timeout(timeout, exchange).await.ok().flatten().map(|()| t.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// SIGTERM, a few seconds' grace, then SIGKILL.
+async fn stop(api: &mut tokio::process::Child, pid: u32) {
+    if let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(8), api.wait()).await.is_err() {
+        let _ = api.kill().await;
+    }
+}
+
+/// Seeds `database` unless its comment says it already holds the same seed.
+async fn seed(bin: &Path, server: &str, database: &str, quick: bool) -> anyhow::Result<String> {
+    let wanted = if quick { SEED_SMALL } else { SEED_FULL };
+    let admin = PgPoolOptions::new().max_connections(1).connect(&services::with_database(server, "postgres")).await?;
+    let comment: Option<String> =
+        sqlx::query_scalar("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1")
+            .bind(database)
+            .fetch_optional(&admin)
+            .await?
+            .flatten();
+    if comment.as_deref() == Some(wanted) {
+        log(&format!("`{database}` already holds {wanted}: reusing it"));
+        return Ok(wanted.into());
+    }
+    log(&format!("seeding `{database}` with {wanted}"));
+    let t = Instant::now();
+    let url = services::with_database(server, database);
+    let mut cmd = std::process::Command::new(bin.join("breakwater-seed"));
+    cmd.args(["--reset", "--quiet"]).env("DATABASE_URL", &url);
+    if quick {
+        cmd.arg("--small");
+    }
+    let status = cmd.status().context("running breakwater-seed")?;
+    anyhow::ensure!(status.success(), "seeding {database} failed");
+    let quoted = format!("\"{}\"", database.replace('"', "\"\""));
+    sqlx::raw_sql(&format!("COMMENT ON DATABASE {quoted} IS '{}'", wanted.replace('\'', "''"))).execute(&admin).await?;
+    log(&format!("seeded in {:.0} s", t.elapsed().as_secs_f64()));
+    Ok(wanted.into())
+}
+
+/// The tokens files: every seeded tenant weighted by its share of conversations (the seed's
+/// skew), its traffic spread over up to eight of its users; and the same with the heaviest
+/// tenant at `noisy_factor` times its share.
+#[derive(Debug)]
+struct TokenSet {
+    path: PathBuf,
+    noisy_path: PathBuf,
+    tenants: usize,
+    top_share: f64,
+    noisy_tenant: String,
+}
+
+impl TokenSet {
+    /// The total rate of the noisy run: the others at `base_rps` x their share, the noisy tenant
+    /// at `factor` x its share of `base_rps`.
+    fn noisy_rps(&self, base_rps: f64, factor: f64) -> f64 {
+        base_rps * (1.0 + (factor - 1.0) * self.top_share)
+    }
+}
+
+async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<TokenSet> {
+    let pool = PgPoolOptions::new().max_connections(1).connect(db_url).await?;
+    let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT t.id, (SELECT count(*) FROM conversations c WHERE c.tenant_id = t.id) FROM tenants t ORDER BY 2 DESC, 1",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let total: i64 = rows.iter().map(|r| r.1).sum();
+    anyhow::ensure!(total > 0, "the lab database holds no conversations");
+    let mut lines = Vec::new();
+    for (tenant, conversations) in &rows {
+        let users: Vec<uuid::Uuid> =
+            sqlx::query_scalar("SELECT id FROM users WHERE tenant_id = $1 ORDER BY id LIMIT 8")
+                .bind(tenant)
+                .fetch_all(&pool)
+                .await?;
+        let share = *conversations as f64 / total as f64;
+        for u in &users {
+            lines.push(breakwater_loadlab::tokens::TokenLine {
+                tenant_id: tenant.to_string(),
+                user_id: u.to_string(),
+                token: None,
+                weight: share / users.len() as f64,
+            });
+        }
+    }
+    pool.close().await;
+    let top = rows.first().context("no tenants")?;
+    let top_share = top.1 as f64 / total as f64;
+    let noisy_tenant = top.0.to_string();
+    let write = |path: &Path, factor: f64| -> anyhow::Result<()> {
+        let mut text = String::new();
+        for l in &lines {
+            let mut l = l.clone();
+            if l.tenant_id == noisy_tenant {
+                l.weight *= factor;
+            }
+            text.push_str(&serde_json::to_string(&l)?);
+            text.push('\n');
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    let path = runs.join("tokens.jsonl");
+    let noisy_path = runs.join("tokens-noisy.jsonl");
+    write(&path, 1.0)?;
+    write(&noisy_path, noisy_factor)?;
+    Ok(TokenSet { path, noisy_path, tenants: rows.len(), top_share, noisy_tenant })
+}
+
+fn commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{head} (with uncommitted changes)") } else { head }
+}
+
+/// A competing load on PostgreSQL: connections each running CPU-heavy queries back to back.
+#[derive(Debug, Clone, Copy)]
+struct Burn {
+    connections: usize,
+}
+
+impl Burn {
+    fn new(connections: usize) -> Self {
+        Self { connections: connections.max(1) }
+    }
+}
+
+struct Burning {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<(u64, Duration)>>,
+}
+
+struct BurnDone {
+    queries: u64,
+    mean_ms: Option<f64>,
+}
+
+/// One heavy query: a streamed (not materialised) series, hashed and summed: CPU only.
+const BURN_SQL: &str = "SELECT sum(hashint8(g)) FROM (SELECT generate_series(1::bigint, 4000000) AS g) s";
+
+impl Burning {
+    async fn start(server: &str, connections: usize) -> anyhow::Result<Self> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = services::with_database(server, "postgres");
+        let opts: sqlx::postgres::PgConnectOptions = url.parse()?;
+        let opts = opts.application_name("breakwater-lab-burn").options([("statement_timeout", "5s")]);
+        let max = u32::try_from(connections).unwrap_or(u32::MAX);
+        let pool = PgPoolOptions::new().min_connections(max).max_connections(max).connect_with(opts).await?;
+        let mut tasks = Vec::new();
+        for _ in 0..connections {
+            let stop = Arc::clone(&stop);
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut n, mut spent) = (0u64, Duration::ZERO);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    if sqlx::query(BURN_SQL).execute(&pool).await.is_err() {
+                        break;
+                    }
+                    n += 1;
+                    spent += t.elapsed();
+                }
+                (n, spent)
+            }));
+        }
+        Ok(Self { stop, tasks })
+    }
+
+    async fn stop(self) -> BurnDone {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (mut queries, mut spent) = (0, Duration::ZERO);
+        for t in self.tasks {
+            if let Ok((n, s)) = t.await {
+                queries += n;
+                spent += s;
+            }
+        }
+        let mean_ms = (queries > 0).then(|| spent.as_secs_f64() * 1000.0 / queries as f64);
+        BurnDone { queries, mean_ms }
+    }
+}
+
+/// Samples what the load lab cannot see from outside: the cgroup's counters, PostgreSQL's and
+/// the machine's CPU, the lab database's active backends and `/health`.
+struct Sampler {
+    t0: Instant,
+    samples: Arc<Mutex<Vec<XSample>>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    async fn start(ctx: &Ctx, pinned: Option<&Pinned>, every: Duration) -> Self {
+        let t0 = Instant::now();
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let cgroup = pinned.map(Pinned::counters);
+        let port = ctx.port;
+        let database = services::database_name(&ctx.db_url);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&services::with_database(&ctx.server, "postgres"))
+            .await
+            .ok();
+        let out = Arc::clone(&samples);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.changed() => break,
+                }
+                let t_s = t0.elapsed().as_secs_f64();
+                let health_ms = health(port, Duration::from_secs(1)).await;
+                let pg_active = match &pool {
+                    Some(p) => sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state = 'active'",
+                    )
+                    .bind(&database)
+                    .fetch_one(p)
+                    .await
+                    .ok(),
+                    None => None,
+                };
+                let s = XSample {
+                    t_s,
+                    cgroup: cgroup.as_ref().map(crate::pinned::Counters::read),
+                    postgres_cpu_s: lab_report::postgres_cpu_seconds(),
+                    machine: lab_report::machine_jiffies(),
+                    pg_active,
+                    health_ms,
+                };
+                if let Ok(mut v) = out.lock() {
+                    v.push(s);
+                }
+            }
+        });
+        Self { t0, samples, stop, task }
+    }
+
+    fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    async fn stop(self) -> Vec<XSample> {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        self.samples.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
