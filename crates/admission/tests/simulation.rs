@@ -72,13 +72,18 @@ impl Run {
     }
 }
 
+/// Requests the gradient controller lets queue inside the service on top of the knee
+/// (`Gradient::QUEUE_ALLOWANCE`): its aim is the knee plus these.
+const QUEUE_ALLOWANCE: f64 = 2.0;
+
 fn assert_estimates_within(samples: &[Sample], knee: f64, tolerance: f64, what: &str) {
     assert!(!samples.is_empty(), "{what}: no samples");
+    let aim = knee + QUEUE_ALLOWANCE;
     for s in samples {
-        let ratio = s.estimate / knee;
+        let ratio = s.estimate / aim;
         assert!(
             (1.0 - tolerance..=1.0 + tolerance).contains(&ratio),
-            "{what}: limit {:.1} at {:.2}s is {:.0}% of the knee {knee:.1}",
+            "{what}: limit {:.1} at {:.2}s is {:.0}% of the aim {aim:.1} (knee {knee:.1} + {QUEUE_ALLOWANCE})",
             s.estimate,
             s.t,
             ratio * 100.0
