@@ -43,10 +43,15 @@ pub(crate) struct LabArgs {
     /// Port the API listens on (127.0.0.1).
     #[arg(long, default_value_t = 18_080)]
     port: u16,
-    /// Connections of the competing load on PostgreSQL in the capacity-change run. Each keeps a
-    /// core busy: on a 2-core machine 3 slowed the database too little to move the limit, 6
-    /// saturate the machine so that PostgreSQL's share for the API's queries falls.
-    #[arg(long, default_value_t = 6)]
+    /// PostgreSQL's CPU, in cores, for the API's database in the middle of the capacity-change
+    /// run: its backends are moved under this CPU quota, then back (as if a competing load took
+    /// the database server's CPU). Needs root and cgroups, as pinning does.
+    #[arg(long, default_value = "0.15", value_parser = crate::pinned::parse_cpus)]
+    db_cpus: Millicores,
+    /// Without cgroups, the capacity-change run slows PostgreSQL with this many connections of
+    /// competing CPU-heavy queries instead (on a 2-core machine, 3 slowed it too little to move
+    /// the admission limit: the API's queries still got their share of the CPU).
+    #[arg(long, default_value_t = 3)]
     burners: usize,
     /// Do not build (use the binaries already in target/release, or target/debug with --quick).
     #[arg(long)]
@@ -296,14 +301,18 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         let ramp =
             ctx.phase(variant, "ramp", Throttles::Off, Load::Profile("lab-ramp", Some(capacity.rps)), None).await?;
         v.ramp = lab_report::rows(&ramp, Some(capacity.rps));
-        let burn = Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 });
+        let slowdown = if ctx.pin {
+            Slowdown::Cap(args.db_cpus)
+        } else {
+            Slowdown::Burn(Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 }))
+        };
         let change = ctx
             .phase(
                 variant,
                 "capacity-change",
                 Throttles::Off,
                 Load::Profile("lab-capacity-change", Some(capacity.rps)),
-                Some(burn),
+                Some(slowdown),
             )
             .await?;
         v.change = lab_report::change(&change);
@@ -386,7 +395,7 @@ impl Ctx {
         phase: &str,
         throttles: Throttles,
         load: Load,
-        burn: Option<Burn>,
+        slowdown: Option<Slowdown>,
     ) -> anyhow::Result<PhaseRun> {
         let name = format!("{variant}-{phase}");
         log(&format!("== {name} =="));
@@ -476,8 +485,8 @@ impl Ctx {
         let stderr = child.stderr.take().context("loadlab's stderr")?;
         let mut lines = tokio::io::BufReader::new(stderr).lines();
         let mut step_ends = Vec::new();
-        let mut burning: Option<Burning> = None;
-        let mut burn_window = None;
+        let mut slowing: Option<Slowing> = None;
+        let mut slowed = None;
         while let Some(line) = lines.next_line().await? {
             eprintln!("  {line}");
             if !line.starts_with("step ") {
@@ -485,22 +494,19 @@ impl Ctx {
             }
             step_ends.push(sampler.now());
             // The capacity-change run: slow PostgreSQL down after the first stage, recover after the second.
-            if let Some(b) = &burn {
+            if let Some(how) = slowdown {
                 if step_ends.len() == 1 {
-                    log(&format!("slowing PostgreSQL down: {} connections of competing load", b.connections));
-                    burning = Some(Burning::start(&self.server, b.connections).await?);
+                    slowing = Some(Slowing::start(self, how).await?);
                 } else if step_ends.len() == 2
-                    && let Some(running) = burning.take()
+                    && let Some(running) = slowing.take()
                 {
-                    let done = running.stop().await;
-                    log(&format!("competing load stopped ({} heavy queries ran)", done.queries));
-                    burn_window = Some(done);
+                    slowed = Some(running.stop().await);
                 }
             }
         }
         let status = child.wait().await?;
-        if let Some(running) = burning.take() {
-            burn_window = Some(running.stop().await);
+        if let Some(running) = slowing.take() {
+            slowed = Some(running.stop().await);
         }
         let samples = sampler.stop().await;
         let cgroup = pinned.as_ref().map(Pinned::stats);
@@ -515,11 +521,8 @@ impl Ctx {
             samples,
             cgroup_peak: cgroup.and_then(|c| c.peak_bytes),
             cgroup_oom_kills: cgroup.and_then(|c| c.oom_kills),
-            burn: burn.map(|b| lab_report::BurnRecord {
-                connections: b.connections,
-                queries: burn_window.as_ref().map_or(0, |w| w.queries),
-                mean_query_ms: burn_window.as_ref().and_then(|w| w.mean_ms),
-            }),
+            burn: slowed.as_ref().and_then(|s| s.burn.clone()),
+            db_cap: slowed.and_then(|s| s.cap),
         })
     }
 }
@@ -742,6 +745,147 @@ impl Burning {
         }
         let mean_ms = (queries > 0).then(|| spent.as_secs_f64() * 1000.0 / queries as f64);
         BurnDone { queries, mean_ms }
+    }
+}
+
+/// How the capacity-change run slows PostgreSQL down.
+#[derive(Debug, Clone, Copy)]
+enum Slowdown {
+    /// The API database's backends under a CPU quota of this many cores.
+    Cap(Millicores),
+    /// Competing CPU-heavy queries (without cgroups).
+    Burn(Burn),
+}
+
+/// A slowdown in force.
+enum Slowing {
+    Capped(DbCap),
+    Burning(Burn, Burning),
+}
+
+/// What a slowdown did, for the report.
+struct Slowed {
+    burn: Option<lab_report::BurnRecord>,
+    cap: Option<lab_report::DbCapRecord>,
+}
+
+impl Slowing {
+    async fn start(ctx: &Ctx, how: Slowdown) -> anyhow::Result<Self> {
+        Ok(match how {
+            Slowdown::Cap(cpus) => {
+                let cap = DbCap::start(ctx, cpus).await?;
+                log(&format!(
+                    "slowing PostgreSQL down: the API database's {} backends under a quota of {cpus} cores",
+                    cap.adopted.len()
+                ));
+                Self::Capped(cap)
+            }
+            Slowdown::Burn(b) => {
+                log(&format!("slowing PostgreSQL down: {} connections of competing load", b.connections));
+                Self::Burning(b, Burning::start(&ctx.server, b.connections).await?)
+            }
+        })
+    }
+
+    async fn stop(self) -> Slowed {
+        match self {
+            Self::Capped(cap) => {
+                let record = cap.stop();
+                log(&format!(
+                    "PostgreSQL's quota lifted ({} backends were under it, throttled in {:.0}% of periods)",
+                    record.backends,
+                    record.throttled_share * 100.0
+                ));
+                Slowed { burn: None, cap: Some(record) }
+            }
+            Self::Burning(b, running) => {
+                let done = running.stop().await;
+                log(&format!("competing load stopped ({} heavy queries ran)", done.queries));
+                let burn = lab_report::BurnRecord {
+                    connections: b.connections,
+                    queries: done.queries,
+                    mean_query_ms: done.mean_ms,
+                };
+                Slowed { burn: Some(burn), cap: None }
+            }
+        }
+    }
+}
+
+/// The backends serving the API's database, moved under a CPU quota: a database server that
+/// lost most of its CPU to something else, reproducible on one machine. Dropping it puts every
+/// backend back; the cgroup is removed only when it is empty (its removal kills what is left,
+/// and a killed backend would restart the whole PostgreSQL server).
+struct DbCap {
+    cpus: Millicores,
+    started: Instant,
+    adopted: Vec<crate::pinned::Adopted>,
+    group: Option<Pinned>,
+}
+
+impl DbCap {
+    async fn start(ctx: &Ctx, cpus: Millicores) -> anyhow::Result<Self> {
+        let served = services::database_name(&ctx.db_url);
+        let admin =
+            PgPoolOptions::new().max_connections(1).connect(&services::with_database(&ctx.server, "postgres")).await?;
+        let pids: Vec<i32> =
+            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+                .bind(&served)
+                .fetch_all(&admin)
+                .await?;
+        admin.close().await;
+        // Memory is not what this limits: the group's limit is far above a backend's use.
+        let group = Pinned::create(Limits::new(cpus, 100_000, 64 << 30)?)?;
+        let mut cap = Self { cpus, started: Instant::now(), adopted: Vec::new(), group: Some(group) };
+        for pid in pids {
+            let Ok(pid) = u32::try_from(pid) else { continue };
+            let group = cap.group.as_ref().context("the cgroup is gone")?;
+            if let Err(e) = group.adopt_cpu(pid, &mut cap.adopted) {
+                // A backend that ended meanwhile (a connection the pool closed) is not an error.
+                if Path::new("/proc").join(pid.to_string()).exists() {
+                    return Err(e.context(format!("moving PostgreSQL backend {pid} under the quota")));
+                }
+            }
+        }
+        anyhow::ensure!(!cap.adopted.is_empty(), "no PostgreSQL backend serves `{served}`: nothing to slow down");
+        Ok(cap)
+    }
+
+    fn stop(mut self) -> lab_report::DbCapRecord {
+        let stats = self.group.as_ref().map(Pinned::stats).unwrap_or_default();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let record = lab_report::DbCapRecord {
+            cpus: self.cpus.cores(),
+            backends: self.adopted.len(),
+            throttled_share: stats.throttled_ratio(),
+            cpu_cores: stats.usage_us.map(|us| us as f64 / 1e6 / elapsed.max(1e-9)),
+        };
+        self.release();
+        record
+    }
+
+    /// Puts every backend back, then removes the group if nothing is left in it.
+    fn release(&mut self) {
+        for a in self.adopted.drain(..) {
+            if let Err(e) = a.restore() {
+                eprintln!("lab: could not move PostgreSQL backend {} back to its cgroup: {e:#}", a.pid);
+            }
+        }
+        if let Some(group) = self.group.take() {
+            let left = group.cpu_procs();
+            if left.is_empty() {
+                drop(group);
+            } else {
+                eprintln!("lab: processes {left:?} are still in the database's cgroup: left in place, not killed");
+                std::mem::forget(group);
+            }
+        }
+    }
+}
+
+impl Drop for DbCap {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -246,6 +246,19 @@ pub(crate) struct BurnRecord {
     pub(crate) mean_query_ms: Option<f64>,
 }
 
+/// The CPU quota put on the API database's PostgreSQL backends in a capacity-change run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DbCapRecord {
+    /// The quota, in cores.
+    pub(crate) cpus: f64,
+    /// Backends moved under it.
+    pub(crate) backends: usize,
+    /// Share of the quota's periods that ended throttled.
+    pub(crate) throttled_share: f64,
+    /// CPU the backends used under the quota, in cores.
+    pub(crate) cpu_cores: Option<f64>,
+}
+
 /// One load against one API process.
 #[derive(Debug)]
 pub(crate) struct PhaseRun {
@@ -257,6 +270,7 @@ pub(crate) struct PhaseRun {
     pub(crate) cgroup_peak: Option<u64>,
     pub(crate) cgroup_oom_kills: Option<u64>,
     pub(crate) burn: Option<BurnRecord>,
+    pub(crate) db_cap: Option<DbCapRecord>,
 }
 
 /// The capacity-change run of one variant.
@@ -268,6 +282,9 @@ pub(crate) struct Change {
     /// When PostgreSQL was slowed, on the same clock.
     pub(crate) slowed: Option<(f64, f64)>,
     pub(crate) burn: Option<BurnRecord>,
+    /// Lab files written before the quota existed have none.
+    #[serde(default)]
+    pub(crate) db_cap: Option<DbCapRecord>,
 }
 
 /// The noisy-neighbour run of one variant.
@@ -484,7 +501,17 @@ pub(crate) fn change(run: &PhaseRun) -> Change {
         .collect();
     let slowed: Vec<f64> = run.report.samples.iter().filter(|s| s.step == Some(1)).map(|s| s.t_s).collect();
     let slowed = slowed.first().zip(slowed.last()).map(|(a, b)| (*a, *b));
-    Change { phases: rows(run, None), timeline, slowed, burn: run.burn.clone() }
+    let mut phases = rows(run, None);
+    // The sampler sees PostgreSQL's CPU as a whole; under the quota, the quota is the evidence.
+    if let (Some(c), Some(row)) = (&run.db_cap, phases.get_mut(1))
+        && c.throttled_share >= 0.5
+    {
+        row.saturated.insert(
+            0,
+            format!("database CPU quota (throttled in {:.0}% of periods, {} cores)", c.throttled_share * 100.0, c.cpus),
+        );
+    }
+    Change { phases, timeline, slowed, burn: run.burn.clone(), db_cap: run.db_cap.clone() }
 }
 
 /// CPU seconds of every process named `postgres` (the server and its backends), by pid, from `/proc`.
@@ -898,7 +925,15 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     }
 
     let _ = writeln!(s, "### Capacity change: PostgreSQL slowed down mid-run, then recovered\n");
-    if let Some(b) = lab.variants.iter().find_map(|v| v.change.burn.as_ref()) {
+    if let Some(c) = lab.variants.iter().find_map(|v| v.change.db_cap.as_ref()) {
+        let _ = writeln!(
+            s,
+            "A steady {:.1}x capacity; during the middle phase the PostgreSQL backends serving the API's database \
+             were moved into a cgroup with a CPU quota of {} cores (a database server that lost most of its CPU to \
+             something else), then moved back.\n",
+            lab.plan.change_load, c.cpus
+        );
+    } else if let Some(b) = lab.variants.iter().find_map(|v| v.change.burn.as_ref()) {
         let _ = writeln!(
             s,
             "A steady {:.1}x capacity; during the middle phase {} connections ran CPU-heavy queries on the same \
@@ -928,6 +963,17 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
                 opt(r.in_flight_mean, 1),
                 opt(r.postgres_cpu_cores, 2),
                 saturated_cell(r)
+            );
+        }
+        if let Some(c) = &v.change.db_cap {
+            let _ = writeln!(
+                s,
+                "| {} | (PostgreSQL's quota) | | | | | | | | | | {} backends under {} cores: used {} cores, throttled in {} of periods |",
+                v.name,
+                c.backends,
+                c.cpus,
+                opt(c.cpu_cores, 2),
+                pct(c.throttled_share)
             );
         }
         if let Some(b) = &v.change.burn {

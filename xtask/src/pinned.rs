@@ -49,6 +49,12 @@ pub(crate) struct Millicores(u64);
 impl Millicores {
     /// A quarter of a core: the production task (Fargate, 256 CPU units).
     pub(crate) const QUARTER: Self = Self(250);
+
+    /// In cores.
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn cores(self) -> f64 {
+        self.0 as f64 / 1000.0
+    }
 }
 
 impl fmt::Display for Millicores {
@@ -401,6 +407,49 @@ impl Pinned {
         Ok(cmd)
     }
 
+    /// Moves a running process that is not ours (a PostgreSQL backend) under the group's CPU
+    /// quota. Where it came from is pushed to `adopted` before it moves, so that
+    /// [`Adopted::restore`] can put it back even after a failure half-way. On cgroup v1 only its
+    /// `cpu` (and `cpuacct`) membership changes; its memory stays accounted where it was.
+    pub(crate) fn adopt_cpu(&self, pid: u32, adopted: &mut Vec<Adopted>) -> anyhow::Result<()> {
+        let proc_cgroup = read(&Path::new("/proc").join(pid.to_string()).join("cgroup"))?;
+        let mounts = parse_mounts(&read(Path::new("/proc/self/mounts"))?);
+        let mut moves = Vec::new();
+        match self.version {
+            Version::V1 => {
+                let mut hierarchies = vec![("cpu", mounts.cpu.clone(), self.cpu.clone())];
+                if let Some(acct) = &self.cpuacct {
+                    hierarchies.push(("cpuacct", mounts.cpuacct.clone(), acct.clone()));
+                }
+                for (controller, mount, group) in hierarchies {
+                    let mount = mount.with_context(|| format!("no {controller} hierarchy is mounted"))?;
+                    let from = own_cgroup(&proc_cgroup, controller)
+                        .with_context(|| format!("process {pid} is in no {controller} cgroup"))?;
+                    moves.push((mount.join(from.trim_start_matches('/')), group));
+                }
+            }
+            Version::V2 => {
+                let mount = mounts.unified.context("no cgroup v2 hierarchy is mounted")?;
+                let from = own_cgroup(&proc_cgroup, "").with_context(|| format!("process {pid} is in no cgroup"))?;
+                moves.push((mount.join(from.trim_start_matches('/')), self.cpu.clone()));
+            }
+        }
+        adopted.push(Adopted { pid, back: moves.iter().map(|(from, _)| from.join("cgroup.procs")).collect() });
+        for (_, to) in moves {
+            write(&to.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The processes in the group's CPU controller now.
+    pub(crate) fn cpu_procs(&self) -> Vec<u32> {
+        read(&self.cpu.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+
     /// The counters so far.
     pub(crate) fn stats(&self) -> Stats {
         self.counters().read()
@@ -430,6 +479,28 @@ impl Pinned {
             }
         }
         failed
+    }
+}
+
+/// A process moved under a group's CPU quota by [`Pinned::adopt_cpu`].
+#[derive(Debug)]
+pub(crate) struct Adopted {
+    pub(crate) pid: u32,
+    /// The `cgroup.procs` files of the groups it came from.
+    back: Vec<PathBuf>,
+}
+
+impl Adopted {
+    /// Puts the process back where it was. A process that has exited is not an error.
+    pub(crate) fn restore(&self) -> anyhow::Result<()> {
+        for procs in &self.back {
+            if let Err(e) = write(procs, &self.pid.to_string())
+                && Path::new("/proc").join(self.pid.to_string()).exists()
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }
 

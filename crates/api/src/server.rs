@@ -169,11 +169,18 @@ pub async fn serve<S>(
 where
     S: HttpService,
 {
-    let builder = Arc::new(http_builder(options, true));
-    // A health or ops request over the cap gets one request on its connection: it holds a
-    // refusal slot, which must come back quickly.
-    let single_request = Arc::new(http_builder(options, false));
-    let tracker = TaskTracker::new();
+    let edge = Arc::new(Edge {
+        app,
+        keep_alive: http_builder(options, true),
+        // A health or ops request over the cap gets one request on its connection: it holds a
+        // refusal slot, which must come back quickly.
+        single_request: http_builder(options, false),
+        connections,
+        options,
+        shutdown,
+        tracker: TaskTracker::new(),
+    });
+    let (connections, shutdown, tracker) = (&edge.connections, &edge.shutdown, &edge.tracker);
 
     loop {
         // With a backlog overflow the loop stops accepting at the cap.
@@ -201,18 +208,15 @@ where
             () = shutdown.cancelled() => break,
         };
         let Ok(permit) = reserved.map_or_else(|| connections.permits.clone().try_acquire_owned(), Ok) else {
-            shed(stream, peer, &connections, &single_request, &app, options, &shutdown, &tracker);
+            Edge::shed(&edge, stream, peer);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connections = connections.clone();
         connections.open.fetch_add(1, Ordering::Relaxed);
-        let builder = builder.clone();
-        let app = app.clone();
-        let shutdown = shutdown.clone();
+        let task = edge.clone();
         tracker.spawn(async move {
-            serve_connection(&builder, stream, peer, app, options.header_read_timeout, shutdown).await;
-            connections.open.fetch_sub(1, Ordering::Relaxed);
+            task.serve_connection(&task.keep_alive, stream, peer).await;
+            task.connections.open.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
     }
@@ -276,39 +280,72 @@ static REFUSAL: LazyLock<Vec<u8>> = LazyLock::new(|| {
     .into_bytes()
 });
 
-/// A connection past the cap: served if it asks for a health or ops path, answered the canned 503
-/// otherwise, reset at once if too many refusals are under way.
-#[allow(clippy::too_many_arguments)]
-fn shed<S: HttpService>(
-    stream: TcpStream,
-    peer: SocketAddr,
-    connections: &Arc<Connections>,
-    single_request: &Arc<auto::Builder<TokioExecutor>>,
-    app: &S,
+/// What the accept loop shares with its connection tasks.
+struct Edge<S> {
+    app: S,
+    keep_alive: auto::Builder<TokioExecutor>,
+    single_request: auto::Builder<TokioExecutor>,
+    connections: Arc<Connections>,
     options: ServeOptions,
-    shutdown: &CancellationToken,
-    tracker: &TaskTracker,
-) {
-    let Ok(slot) = connections.refusing.clone().try_acquire_owned() else {
-        // RST on drop: no task, no buffers, no TIME_WAIT.
-        let _ = stream.set_zero_linger();
-        connections.reset.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    let connections = connections.clone();
-    let builder = single_request.clone();
-    let app = app.clone();
-    let shutdown = shutdown.clone();
-    tracker.spawn(async move {
-        if asks_for_bypass_path(&stream).await {
-            connections.served_over_cap.fetch_add(1, Ordering::Relaxed);
-            serve_connection(&builder, stream, peer, app, options.header_read_timeout, shutdown).await;
-        } else {
-            connections.refused.fetch_add(1, Ordering::Relaxed);
-            refuse(stream).await;
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl<S: HttpService> Edge<S> {
+    /// A connection past the cap: served if it asks for a health or ops path, answered the
+    /// canned 503 otherwise, reset at once if too many refusals are under way.
+    fn shed(edge: &Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let Ok(slot) = edge.connections.refusing.clone().try_acquire_owned() else {
+            // RST on drop: no task, no buffers, no TIME_WAIT.
+            let _ = stream.set_zero_linger();
+            edge.connections.reset.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let task = edge.clone();
+        edge.tracker.spawn(async move {
+            if asks_for_bypass_path(&stream).await {
+                task.connections.served_over_cap.fetch_add(1, Ordering::Relaxed);
+                task.serve_connection(&task.single_request, stream, peer).await;
+            } else {
+                task.connections.refused.fetch_add(1, Ordering::Relaxed);
+                refuse(stream).await;
+            }
+            drop(slot);
+        });
+    }
+
+    async fn serve_connection(&self, builder: &auto::Builder<TokioExecutor>, stream: TcpStream, peer: SocketAddr) {
+        let header_read_timeout = self.options.header_read_timeout;
+        let track = Arc::new(ConnTrack::new());
+        let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
+        let on_request = track.clone();
+        let service = TowerToHyperService::new(self.app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            req.extensions_mut().insert(InFlight::start(&on_request));
+            req.map(Body::new)
+        }));
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(conn);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(error = %err, %peer, "connection ended with an error");
+                    }
+                    break;
+                }
+                () = self.shutdown.cancelled(), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = track.head_overdue(header_read_timeout) => {
+                    tracing::debug!(%peer, "request headers not received in time: closing");
+                    break;
+                }
+            }
         }
-        drop(slot);
-    });
+    }
 }
 
 /// Whether the connection's first request line is a GET of a path admission never sheds.
@@ -342,45 +379,6 @@ async fn refuse(mut stream: TcpStream) {
     let _ =
         tokio::time::timeout(REFUSAL_LINGER, async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} })
             .await;
-}
-
-async fn serve_connection<S: HttpService>(
-    builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    app: S,
-    header_read_timeout: Duration,
-    shutdown: CancellationToken,
-) {
-    let track = Arc::new(ConnTrack::new());
-    let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
-    let on_request = track.clone();
-    let service = TowerToHyperService::new(app.map_request(move |mut req: Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(ConnectInfo(peer));
-        req.extensions_mut().insert(InFlight::start(&on_request));
-        req.map(Body::new)
-    }));
-    let conn = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(conn);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(err) = result {
-                    tracing::debug!(error = %err, %peer, "connection ended with an error");
-                }
-                break;
-            }
-            () = shutdown.cancelled(), if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            () = track.head_overdue(header_read_timeout) => {
-                tracing::debug!(%peer, "request headers not received in time: closing");
-                break;
-            }
-        }
-    }
 }
 
 /// Per-connection bookkeeping for the header-read timeout.
