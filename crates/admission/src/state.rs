@@ -370,8 +370,10 @@ impl ClassState {
 
         let elapsed = now.saturating_duration_since(self.window.started).as_secs_f64();
         let floor = cfg.window.as_secs_f64().max(self.controller.window_floor());
-        // Enough evidence: a minimum count, or one limit's worth (a full turnover) if smaller.
-        let needed = u32::try_from(self.controller.limit()).unwrap_or(u32::MAX).min(cfg.window_samples);
+        // Enough evidence: a minimum count, or one limit's worth (a full turnover) if smaller,
+        // but never fewer than eight: at a limit of 2, windows of two completions from a mixed
+        // workload made the mean, and so the knee estimate, swing by several times.
+        let needed = u32::try_from(self.controller.limit()).unwrap_or(u32::MAX).max(8).min(cfg.window_samples);
         if elapsed >= floor && self.window.completed >= needed {
             let w = &self.window;
             let p = |q| w.hist.quantile(q).map_or(0.0, |d| d.as_secs_f64());

@@ -319,11 +319,12 @@ impl<S: HttpService> Edge<S> {
         let track = Arc::new(ConnTrack::new());
         let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
         let on_request = track.clone();
-        let service = TowerToHyperService::new(self.app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(ConnectInfo(peer));
-            req.extensions_mut().insert(InFlight::start(&on_request));
-            req.map(Body::new)
-        }));
+        let service =
+            TowerToHyperService::new(self.app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req.extensions_mut().insert(InFlight::start(&on_request));
+                req.map(Body::new)
+            }));
         let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let mut closing = false;
