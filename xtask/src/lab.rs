@@ -775,8 +775,9 @@ impl Slowing {
             Slowdown::Cap(cpus) => {
                 let cap = DbCap::start(ctx, cpus).await?;
                 log(&format!(
-                    "slowing PostgreSQL down: the API database's {} backends under a quota of {cpus} cores",
-                    cap.adopted.len()
+                    "slowing PostgreSQL down: the API database's {} backends under a quota of {cpus} cores \
+                     (and those it opens meanwhile)",
+                    lock(&cap.state).adopted.len()
                 ));
                 Self::Capped(cap)
             }
@@ -792,7 +793,7 @@ impl Slowing {
             Self::Capped(cap) => {
                 let record = cap.stop();
                 log(&format!(
-                    "PostgreSQL's quota lifted ({} backends were under it, throttled in {:.0}% of periods)",
+                    "PostgreSQL's quota lifted ({} backends were put under it, throttled in {:.0}% of periods)",
                     record.backends,
                     record.throttled_share * 100.0
                 ));
@@ -813,14 +814,52 @@ impl Slowing {
 }
 
 /// The backends serving the API's database, moved under a CPU quota: a database server that
-/// lost most of its CPU to something else, reproducible on one machine. Dropping it puts every
-/// backend back; the cgroup is removed only when it is empty (its removal kills what is left,
-/// and a killed backend would restart the whole PostgreSQL server).
+/// lost most of its CPU to something else, reproducible on one machine. Backends the API's pool
+/// opens meanwhile are moved too (a watcher looks every 200 ms), or the pool would grow around
+/// the quota. Dropping it puts every backend back; the cgroup is removed only when it is empty
+/// (its removal kills what is left, and a killed backend would restart the whole server).
 struct DbCap {
     cpus: Millicores,
     started: Instant,
+    state: Arc<Mutex<CapState>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+struct CapState {
     adopted: Vec<crate::pinned::Adopted>,
     group: Option<Pinned>,
+    /// A backend that could not be moved (and still runs): the run stops with it.
+    failed: Option<String>,
+}
+
+impl CapState {
+    fn adopt_new(&mut self, pids: &[i32]) {
+        for &pid in pids {
+            let Ok(pid) = u32::try_from(pid) else { continue };
+            if self.adopted.iter().any(|a| a.pid == pid) {
+                continue;
+            }
+            let Some(group) = &self.group else { return };
+            if let Err(e) = group.adopt_cpu(pid, &mut self.adopted)
+                // A backend that ended meanwhile (a connection the pool closed) is not an error.
+                && Path::new("/proc").join(pid.to_string()).exists()
+            {
+                self.failed.get_or_insert(format!("moving PostgreSQL backend {pid} under the quota: {e:#}"));
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The backends connected to `database`, except the asking one.
+async fn backends(admin: &sqlx::PgPool, database: &str) -> anyhow::Result<Vec<i32>> {
+    Ok(sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+        .bind(database)
+        .fetch_all(admin)
+        .await?)
 }
 
 impl DbCap {
@@ -828,50 +867,61 @@ impl DbCap {
         let served = services::database_name(&ctx.db_url);
         let admin =
             PgPoolOptions::new().max_connections(1).connect(&services::with_database(&ctx.server, "postgres")).await?;
-        let pids: Vec<i32> =
-            sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
-                .bind(&served)
-                .fetch_all(&admin)
-                .await?;
-        admin.close().await;
+        let pids = backends(&admin, &served).await?;
         // Memory is not what this limits: the group's limit is far above a backend's use.
         let group = Pinned::create(Limits::new(cpus, 100_000, 64 << 30)?)?;
-        let mut cap = Self { cpus, started: Instant::now(), adopted: Vec::new(), group: Some(group) };
-        for pid in pids {
-            let Ok(pid) = u32::try_from(pid) else { continue };
-            let group = cap.group.as_ref().context("the cgroup is gone")?;
-            if let Err(e) = group.adopt_cpu(pid, &mut cap.adopted) {
-                // A backend that ended meanwhile (a connection the pool closed) is not an error.
-                if Path::new("/proc").join(pid.to_string()).exists() {
-                    return Err(e.context(format!("moving PostgreSQL backend {pid} under the quota")));
+        let state = Arc::new(Mutex::new(CapState { adopted: Vec::new(), group: Some(group), failed: None }));
+        let watched = Arc::clone(&state);
+        let mut cap = Self { cpus, started: Instant::now(), state, watcher: tokio::spawn(async {}) };
+        {
+            let mut st = lock(&cap.state);
+            st.adopt_new(&pids);
+            if let Some(e) = st.failed.take() {
+                bail!(e);
+            }
+            anyhow::ensure!(!st.adopted.is_empty(), "no PostgreSQL backend serves `{served}`: nothing to slow down");
+        }
+        cap.watcher = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Ok(pids) = backends(&admin, &served).await {
+                    lock(&watched).adopt_new(&pids);
                 }
             }
-        }
-        anyhow::ensure!(!cap.adopted.is_empty(), "no PostgreSQL backend serves `{served}`: nothing to slow down");
+        });
         Ok(cap)
     }
 
-    fn stop(mut self) -> lab_report::DbCapRecord {
-        let stats = self.group.as_ref().map(Pinned::stats).unwrap_or_default();
+    fn stop(self) -> lab_report::DbCapRecord {
+        self.watcher.abort();
+        let (stats, backends) = {
+            let st = lock(&self.state);
+            if let Some(e) = &st.failed {
+                eprintln!("lab: {e}");
+            }
+            (st.group.as_ref().map(Pinned::stats).unwrap_or_default(), st.adopted.len())
+        };
         let elapsed = self.started.elapsed().as_secs_f64();
-        let record = lab_report::DbCapRecord {
+        lab_report::DbCapRecord {
             cpus: self.cpus.cores(),
-            backends: self.adopted.len(),
+            backends,
             throttled_share: stats.throttled_ratio(),
             cpu_cores: stats.usage_us.map(|us| us as f64 / 1e6 / elapsed.max(1e-9)),
-        };
-        self.release();
-        record
+        }
+        // Dropping `self` puts the backends back.
     }
+}
 
-    /// Puts every backend back, then removes the group if nothing is left in it.
-    fn release(&mut self) {
-        for a in self.adopted.drain(..) {
+impl Drop for DbCap {
+    fn drop(&mut self) {
+        self.watcher.abort();
+        let mut st = lock(&self.state);
+        for a in st.adopted.drain(..) {
             if let Err(e) = a.restore() {
                 eprintln!("lab: could not move PostgreSQL backend {} back to its cgroup: {e:#}", a.pid);
             }
         }
-        if let Some(group) = self.group.take() {
+        if let Some(group) = st.group.take() {
             let left = group.cpu_procs();
             if left.is_empty() {
                 drop(group);
@@ -880,12 +930,6 @@ impl DbCap {
                 std::mem::forget(group);
             }
         }
-    }
-}
-
-impl Drop for DbCap {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 

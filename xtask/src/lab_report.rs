@@ -929,8 +929,8 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
         let _ = writeln!(
             s,
             "A steady {:.1}x capacity; during the middle phase the PostgreSQL backends serving the API's database \
-             were moved into a cgroup with a CPU quota of {} cores (a database server that lost most of its CPU to \
-             something else), then moved back.\n",
+             (and any the API's pool opened meanwhile) were moved into a cgroup with a CPU quota of {} cores (a \
+             database server that lost most of its CPU to something else), then moved back.\n",
             lab.plan.change_load, c.cpus
         );
     } else if let Some(b) = lab.variants.iter().find_map(|v| v.change.burn.as_ref()) {
