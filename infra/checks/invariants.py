@@ -197,8 +197,13 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         (str(resolve(svc, api["Cpu"])), str(resolve(svc, api["Memory"]))) == ("256", "512"),
         f"API task is 256 CPU / 512 MiB by default (got {resolve(svc, api['Cpu'])}/{resolve(svc, api['Memory'])})",
     )
-    tier_env = {k: api_env.get(k) for k in ("DB_POOL_SIZE", "TOKIO_WORKER_THREADS", "MAX_CONNECTIONS")}
-    c.check(all(tier_env.values()), f"the tier sets the pool, runtime threads and connection cap ({tier_env})")
+    tier_env = {
+        k: api_env.get(k) for k in ("DB_POOL_SIZE", "TOKIO_WORKER_THREADS", "MAX_CONNECTIONS", "MAX_ACCEPT_RATE")
+    }
+    c.check(
+        all(tier_env.values()),
+        f"the tier sets the pool, runtime threads, connection cap and accept rate ({tier_env})",
+    )
     c.check(
         api_env.get("ADMISSION") == "adaptive" and float(api_env.get("ADMISSION_LATENCY_TARGET_MS", 0)) == 200,
         "admission is adaptive with a 200 ms latency target by default",

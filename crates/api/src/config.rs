@@ -183,6 +183,11 @@ pub struct Config {
     /// Most connections being refused at once past the cap; further ones are reset at accept.
     #[arg(long, env = "MAX_REFUSING_CONNECTIONS", default_value_t = 512)]
     pub max_refusing_connections: usize,
+    /// Most new connections accepted a second (`0`: no limit). Past it the accept loop pauses and
+    /// connections wait in the listen backlog (HAProxy's `maxconnrate`). Size it to what the
+    /// task's CPU can accept and refuse with room to spare for the connections already open.
+    #[arg(long, env = "MAX_ACCEPT_RATE", default_value_t = 0)]
+    pub max_accept_rate: u32,
     /// The listen socket's backlog: connections the kernel holds before the accept loop takes
     /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
     #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]

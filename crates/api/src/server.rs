@@ -10,6 +10,12 @@
 //!   refused at once; past that a connection is reset at once, the cheapest refusal there is.
 //!   `CONNECTION_OVERFLOW=backlog` restores the classic behaviour (the accept loop stops and new
 //!   connections wait in the kernel's listen backlog, `LISTEN_BACKLOG` long);
+//! - optionally, at most `MAX_ACCEPT_RATE` new connections a second (HAProxy's `maxconnrate`):
+//!   past it the loop stops accepting for a moment and new connections wait in the listen
+//!   backlog, whose overflow the kernel drops at no cost to the process. Under a small CPU quota
+//!   this is what keeps a connection flood from spending the whole quota on accepting and
+//!   refusing, which starves the connections already open (the load balancer's health checks
+//!   among them);
 //! - a header-read timeout from a request's first byte to its last header (slowloris: a client
 //!   trickling headers is cut off);
 //! - an idle keep-alive timeout longer than the load balancer's (an ALB idles out at 60 s; a
@@ -39,6 +45,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::admission::BYPASS;
+use crate::throttle::gcra::{self, Limit};
 
 /// What happens to a connection that arrives while `MAX_CONNECTIONS` are open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, utoipa::ToSchema)]
@@ -63,6 +70,8 @@ pub struct Connections {
     refused: AtomicU64,
     reset: AtomicU64,
     served_over_cap: AtomicU64,
+    accept_rate: Option<Limit>,
+    paced: AtomicU64,
 }
 
 impl Connections {
@@ -79,7 +88,30 @@ impl Connections {
             refused: AtomicU64::new(0),
             reset: AtomicU64::new(0),
             served_over_cap: AtomicU64::new(0),
+            accept_rate: None,
+            paced: AtomicU64::new(0),
         }
+    }
+
+    /// Accepts at most `per_sec` new connections a second, in bursts of up to a tenth of a
+    /// second's worth (at least 16). `0` means no limit.
+    #[must_use]
+    pub fn with_accept_rate(mut self, per_sec: u32) -> Self {
+        self.accept_rate =
+            (per_sec > 0).then(|| Limit { rate_per_sec: f64::from(per_sec), burst: (per_sec / 10).max(16) });
+        self
+    }
+
+    /// The accept rate limit, if any.
+    #[must_use]
+    pub fn accept_rate(&self) -> Option<Limit> {
+        self.accept_rate
+    }
+
+    /// Times the accept loop paused for the accept rate limit, since start.
+    #[must_use]
+    pub fn paced(&self) -> u64 {
+        self.paced.load(Ordering::Relaxed)
     }
 
     /// What happens past the cap.
@@ -181,8 +213,18 @@ where
         tracker: TaskTracker::new(),
     });
     let (connections, shutdown, tracker) = (&edge.connections, &edge.shutdown, &edge.tracker);
+    let mut pacer = connections.accept_rate.map(Pacer::new);
 
     loop {
+        if let Some(pacer) = pacer.as_mut()
+            && let Some(wait) = pacer.take()
+        {
+            connections.paced.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => continue,
+                () = shutdown.cancelled() => break,
+            }
+        }
         // With a backlog overflow the loop stops accepting at the cap.
         let reserved = if connections.overflow == ConnectionOverflow::Backlog {
             tokio::select! {
@@ -229,6 +271,33 @@ where
     Ok(())
 }
 
+/// The accept rate limit: one GCRA bucket (the throttles' arithmetic) on the loop's own clock.
+struct Pacer {
+    limit: Limit,
+    epoch: Instant,
+    tat: Option<i64>,
+}
+
+impl Pacer {
+    fn new(limit: Limit) -> Self {
+        Self { limit, epoch: Instant::now(), tat: None }
+    }
+
+    /// Takes one accept: `None` when it may go ahead now, or how long to wait before asking again.
+    fn take(&mut self) -> Option<Duration> {
+        let now = i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX);
+        match gcra::check(self.tat, now, self.limit) {
+            gcra::Outcome::Admitted { tat, .. } => {
+                self.tat = Some(tat);
+                None
+            }
+            gcra::Outcome::Refused { retry_after_us } => {
+                Some(Duration::from_micros(u64::try_from(retry_after_us).unwrap_or(0).max(1)))
+            }
+        }
+    }
+}
+
 /// Binds `addr` with a listen backlog of `backlog` connections (the kernel caps it at
 /// `net.core.somaxconn`). `SO_REUSEADDR` is set, as `TcpListener::bind` does, so a restarted
 /// process binds at once despite connections in `TIME_WAIT`.
@@ -254,6 +323,10 @@ fn http_builder(options: ServeOptions, keep_alive: bool) -> auto::Builder<TokioE
     builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(20)));
     builder
 }
+
+/// The target of the debug event logged for every request hyper hands to the app, before any
+/// layer runs (`RUST_LOG=info,breakwater_api::request_read=debug` turns it on).
+pub const REQUEST_READ: &str = "breakwater_api::request_read";
 
 /// How long a connection over the cap may take to show its request line before it is refused.
 const PEEK_WAIT: Duration = Duration::from_millis(100);
@@ -321,6 +394,13 @@ impl<S: HttpService> Edge<S> {
         let on_request = track.clone();
         let service =
             TowerToHyperService::new(self.app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
+                // Off under the default filter. The reliability suite turns it on to tell a request
+                // the server read from one it never saw (the keep-alive close race).
+                tracing::debug!(
+                    target: REQUEST_READ,
+                    request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()),
+                    "request read"
+                );
                 req.extensions_mut().insert(ConnectInfo(peer));
                 req.extensions_mut().insert(InFlight::start(&on_request));
                 req.map(Body::new)

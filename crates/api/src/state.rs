@@ -56,11 +56,10 @@ impl AppState {
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
             redis,
-            connections: Arc::new(Connections::new(
-                config.max_connections,
-                config.connection_overflow,
-                config.max_refusing_connections,
-            )),
+            connections: Arc::new(
+                Connections::new(config.max_connections, config.connection_overflow, config.max_refusing_connections)
+                    .with_accept_rate(config.max_accept_rate),
+            ),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             queue_stats: Arc::new(crate::queue_stats::QueueStatsCache::new(
                 config.jobs_stats_ttl(),

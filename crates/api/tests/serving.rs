@@ -224,3 +224,26 @@ async fn once_draining_every_response_closes_its_connection(pool: PgPool) {
     let n = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await.expect("closed at once");
     assert!(matches!(n, Ok(0) | Err(_)), "the connection stayed open");
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn past_the_accept_rate_new_connections_wait_and_are_then_served(pool: PgPool) {
+    // 20 a second in bursts of 16: 40 connections at once take at least (40 - 16) / 20 = 1.2 s.
+    let app = common::spawn_with(pool, &["--max-accept-rate", "20"]).await;
+    let addr = app.running.addr;
+    let started = Instant::now();
+    let answers = futures_util::future::join_all((0..40).map(|_| {
+        one_shot(addr, b"GET /health HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n", Duration::from_secs(10))
+    }))
+    .await;
+    let took = started.elapsed();
+    for a in &answers {
+        assert!(a.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200")), "{a:?}");
+    }
+    assert!(took >= Duration::from_millis(1000), "40 connections accepted in {took:?}: not paced");
+
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let connections = &status.body["layers"]["connections"];
+    assert_eq!(connections["accept_rate"]["rate_per_sec"], 20.0);
+    assert_eq!(connections["accept_rate"]["burst"], 16);
+    assert!(connections["accept_paced"].as_u64().is_some_and(|n| n > 0), "{connections}");
+}

@@ -86,6 +86,10 @@ pub(crate) struct Connections {
     reset: u64,
     /// Health and ops requests served on connections past `max`, since start.
     served_over_cap: u64,
+    /// Most new connections accepted a second, and the burst; absent when unlimited.
+    accept_rate: Option<crate::throttle::gcra::Limit>,
+    /// Times the accept loop paused for `accept_rate`, since start.
+    accept_paced: u64,
     /// The listen socket's backlog as configured (the kernel caps it at `net.core.somaxconn`).
     listen_backlog: u32,
     /// Idle keep-alive timeout, seconds (longer than the load balancer's).
@@ -156,6 +160,8 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 refused: state.connections.refused(),
                 reset: state.connections.reset(),
                 served_over_cap: state.connections.served_over_cap(),
+                accept_rate: state.connections.accept_rate(),
+                accept_paced: state.connections.paced(),
                 listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
