@@ -29,7 +29,8 @@ use crate::services::{self, Cluster};
 /// Options of `cargo xtask chaos`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ChaosArgs {
-    /// The CI subset: shorter runs and a shorter fuzzing budget (about 5 minutes in all).
+    /// Shorter runs and a shorter fuzzing budget (about 5 minutes in all). CI runs it with
+    /// `--only postgres,redis,sigterm,fuzz`.
     #[arg(long)]
     quick: bool,
     /// Only these scenarios (comma-separated: postgres, redis, sigterm, hostile, fuzz).

@@ -117,6 +117,7 @@ struct LiveGauges {
     connections_max: Gauge,
     connections_refused: Gauge,
     connections_reset: Gauge,
+    connections_accept_paced: Gauge,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
     bulkhead_waiting: Gauge,
@@ -190,6 +191,11 @@ impl Metrics {
             "connections_reset",
             "Connections reset at accept (over the cap, refusals saturated) since start",
             g.connections_reset.clone(),
+        );
+        registry.register(
+            "connections_accept_paced",
+            "Times the accept loop paused for MAX_ACCEPT_RATE since start",
+            g.connections_accept_paced.clone(),
         );
         registry.register("bulkhead_slots", "Database bulkhead slots", g.bulkhead_size.clone());
         registry.register("bulkhead_in_use", "Database bulkhead slots held", g.bulkhead_in_use.clone());
@@ -280,6 +286,7 @@ impl Metrics {
         g.connections_max.set(usize_i64(state.connections.max()));
         g.connections_refused.set(to_i64(state.connections.refused()));
         g.connections_reset.set(to_i64(state.connections.reset()));
+        g.connections_accept_paced.set(to_i64(state.connections.paced()));
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
         g.bulkhead_in_use.set(usize_i64(b.in_use));
