@@ -60,12 +60,38 @@ pub(crate) struct LabArgs {
     /// run with the same --quick and --out would).
     #[arg(long, value_name = "LAB_JSON")]
     from_json: Option<PathBuf>,
+    /// The API's CPU quota, in cores. Anything but the production task's 0.25 is an experiment:
+    /// the calibration rates scale with it, and the report goes under target/lab-custom/ unless
+    /// --out is given (never into docs/PERFORMANCE.md).
+    #[arg(long, default_value = "0.25", value_parser = crate::pinned::parse_cpus)]
+    api_cpus: Millicores,
+    /// Only these runs of each variant (comma-separated: sweep, ramp, change, noisy); the
+    /// capacity is always calibrated first. A subset is an experiment, reported like --api-cpus.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+/// Every run of a variant, in order.
+const PHASES: [&str; 4] = ["sweep", "ramp", "change", "noisy"];
+
+fn every_phase() -> Vec<String> {
+    PHASES.iter().map(|p| (*p).to_owned()).collect()
+}
+
+fn quarter_core() -> f64 {
+    Millicores::QUARTER.cores()
 }
 
 /// Step lengths and points of a run; `quick` is the CI smoke shape.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Plan {
     pub(crate) quick: bool,
+    /// The API's CPU quota, in cores (0.25 but in experiments).
+    #[serde(default = "quarter_core")]
+    pub(crate) api_cpus: f64,
+    /// The runs made of each variant (all four but in experiments).
+    #[serde(default = "every_phase")]
+    pub(crate) phases: Vec<String>,
     pub(crate) sweep_callers: Vec<usize>,
     pub(crate) sweep_step_s: f64,
     pub(crate) calibration_rps: Vec<f64>,
@@ -89,6 +115,8 @@ impl Plan {
     pub(crate) fn new(quick: bool) -> Self {
         let full = Self {
             quick,
+            api_cpus: quarter_core(),
+            phases: every_phase(),
             sweep_callers: vec![4, 16, 32, 192],
             sweep_step_s: 10.0,
             calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0],
@@ -170,7 +198,6 @@ impl Plan {
 }
 
 /// The API's CPU quota and memory limit: the production task (Fargate 256 CPU units, 512 MiB).
-const CPUS: Millicores = Millicores::QUARTER;
 const MEMORY: u64 = 512 << 20;
 /// Seed parameters of each preset; the database is reused while its comment matches.
 const SEED_FULL: &str = "breakwater-seed full default (50 tenants, 400000 conversations, 2000000 messages, skew 0.55, seed 1; a template, never served)";
@@ -182,10 +209,26 @@ fn log(msg: &str) {
 
 pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let plan = Plan::new(args.quick);
+    let mut plan = Plan::new(args.quick);
+    for p in &args.only {
+        anyhow::ensure!(PHASES.contains(&p.as_str()), "unknown run {p:?}; known: {PHASES:?}");
+    }
+    let experiment = args.api_cpus != Millicores::QUARTER || !args.only.is_empty();
+    if experiment {
+        // The calibration's rates scale with the CPU, so the capacity is found at any quota.
+        let scale = args.api_cpus.cores() / quarter_core();
+        plan.calibration_rps = plan.calibration_rps.iter().map(|r| (r * scale).round()).collect();
+        plan.api_cpus = args.api_cpus.cores();
+        if !args.only.is_empty() {
+            plan.phases =
+                PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
+        }
+    }
+    let runs = |p: &str| plan.phases.iter().any(|x| x == p);
     let root = services::root();
     let (out, runs_dir, docs) = match (&args.out, args.quick) {
         (Some(o), _) => (o.clone(), o.join("runs"), false),
+        (None, _) if experiment => (root.join("target/lab-custom"), root.join("target/lab-custom/runs"), false),
         (None, true) => (root.join("target/lab-quick"), root.join("target/lab-quick/runs"), false),
         (None, false) => (root.join("docs/lab"), root.join("target/lab/runs"), true),
     };
@@ -213,7 +256,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
 
     // Is the production shape available? Full runs need it; quick runs say so loudly and go on.
-    let limits = Limits::new(CPUS, 100_000, MEMORY)?;
+    let limits = Limits::new(args.api_cpus, 100_000, MEMORY)?;
     let pinning = match Pinned::create(limits) {
         Ok(p) => {
             log(&format!("the API runs pinned: {}", p.describe()));
@@ -226,7 +269,12 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             );
             Err(format!("{e:#}"))
         }
-        Err(e) => return Err(e.context("the lab pins the API at 0.25 core / 512 MiB (run as root with cgroups)")),
+        Err(e) => {
+            return Err(e.context(format!(
+                "the lab pins the API at {} core / 512 MiB (run as root with cgroups)",
+                args.api_cpus
+            )));
+        }
     };
 
     let server = services::ensure_postgres(&services::database_url()).await?;
@@ -281,6 +329,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         plan: plan.clone(),
         tokens,
         pin,
+        cpus: args.api_cpus,
     };
 
     // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant. (The
@@ -296,31 +345,43 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(noisy_rps))?;
     for variant in ["off", "static", "adaptive"] {
         let mut v = Variant { name: variant.into(), ..Variant::default() };
-        let sweep = ctx.phase(variant, "sweep", Throttles::Off, Load::Sweep, None).await?;
-        v.sweep = lab_report::rows(&sweep, None);
-        let ramp =
-            ctx.phase(variant, "ramp", Throttles::Off, Load::Profile("lab-ramp", Some(capacity.rps)), None).await?;
-        v.ramp = lab_report::rows(&ramp, Some(capacity.rps));
-        let slowdown = if ctx.pin {
-            Slowdown::Cap(args.db_cpus)
-        } else {
-            Slowdown::Burn(Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 }))
-        };
-        let change = ctx
-            .phase(
-                variant,
-                "capacity-change",
-                Throttles::Off,
-                Load::Profile("lab-capacity-change", Some(capacity.rps)),
-                Some(slowdown),
-            )
-            .await?;
-        v.change = lab_report::change(&change);
-        let noisy = ctx.phase(variant, "noisy", Throttles::Tenants, Load::Noisy, None).await?;
-        v.noisy = Noisy::from_run(&noisy, &ctx.tokens.noisy_tenant);
-        let runs = [&sweep, &ramp, &change, &noisy];
-        v.peak_rss_bytes = runs.iter().filter_map(|p| p.cgroup_peak).max();
-        v.oom_kills = runs.iter().map(|p| p.cgroup_oom_kills).sum();
+        let mut done = Vec::new();
+        if runs("sweep") {
+            let sweep = ctx.phase(variant, "sweep", Throttles::Off, Load::Sweep, None).await?;
+            v.sweep = lab_report::rows(&sweep, None);
+            done.push(sweep);
+        }
+        if runs("ramp") {
+            let ramp =
+                ctx.phase(variant, "ramp", Throttles::Off, Load::Profile("lab-ramp", Some(capacity.rps)), None).await?;
+            v.ramp = lab_report::rows(&ramp, Some(capacity.rps));
+            done.push(ramp);
+        }
+        if runs("change") {
+            let slowdown = if ctx.pin {
+                Slowdown::Cap(args.db_cpus)
+            } else {
+                Slowdown::Burn(Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 }))
+            };
+            let change = ctx
+                .phase(
+                    variant,
+                    "capacity-change",
+                    Throttles::Off,
+                    Load::Profile("lab-capacity-change", Some(capacity.rps)),
+                    Some(slowdown),
+                )
+                .await?;
+            v.change = lab_report::change(&change);
+            done.push(change);
+        }
+        if runs("noisy") {
+            let noisy = ctx.phase(variant, "noisy", Throttles::Tenants, Load::Noisy, None).await?;
+            v.noisy = Noisy::from_run(&noisy, &ctx.tokens.noisy_tenant);
+            done.push(noisy);
+        }
+        v.peak_rss_bytes = done.iter().filter_map(|p| p.cgroup_peak).max();
+        v.oom_kills = done.iter().map(|p| p.cgroup_oom_kills).sum();
         lab.variants.push(v);
     }
     lab.wall_s = started.elapsed().as_secs_f64();
@@ -364,6 +425,8 @@ struct Ctx {
     tokens: TokenSet,
     /// Whether the API runs pinned (always, except a quick run on a host without cgroups).
     pin: bool,
+    /// The API's CPU quota when pinned.
+    cpus: Millicores,
 }
 
 impl Ctx {
@@ -400,7 +463,7 @@ impl Ctx {
         let name = format!("{variant}-{phase}");
         log(&format!("== {name} =="));
         self.fresh_copy(&self.template).await?;
-        let limits = Limits::new(CPUS, 100_000, MEMORY)?;
+        let limits = Limits::new(self.cpus, 100_000, MEMORY)?;
         let pinned = if self.pin { Some(Pinned::create(limits)?) } else { None };
         let argv: Vec<std::ffi::OsString> = vec![self.bin.join("breakwater-api").into(), "serve".into()];
         let mut cmd = match &pinned {
@@ -462,13 +525,15 @@ impl Ctx {
                 if let Some(c) = capacity {
                     ll.args(["--capacity", &format!("{c:.1}")]);
                 }
-                ll.args(["--headroom", "1", "--server-cpus", &CPUS.to_string()]).arg("--tokens").arg(&self.tokens.path);
+                ll.args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()])
+                    .arg("--tokens")
+                    .arg(&self.tokens.path);
             }
             Load::Noisy => {
                 ll.args(["profile", "lab-noisy", "--base", &base])
                     .arg("--profiles")
                     .arg(self.runs.join("profiles.toml"))
-                    .args(["--headroom", "1", "--server-cpus", &CPUS.to_string()])
+                    .args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()])
                     .arg("--tokens")
                     .arg(&self.tokens.noisy_path);
             }

@@ -805,13 +805,27 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
             );
         }
         None => {
+            let shape = if (lab.plan.api_cpus - QUOTA).abs() < 1e-9 {
+                "at the production task's shape (0.25 core, 512 MiB, no swap".to_owned()
+            } else {
+                format!("at {} core, 512 MiB, no swap (not the production task's 0.25 core", lab.plan.api_cpus)
+            };
             let _ = writeln!(
                 s,
-                "The API ran alone in a cgroup at the production task's shape (0.25 core, 512 MiB, no swap; \
-                 `cargo xtask pinned`), a fresh process for each run; the load generator (`loadlab`, release \
-                 build) and PostgreSQL ran outside it on the same machine.\n"
+                "The API ran alone in a cgroup {shape}; `cargo xtask pinned`), a fresh process for each run; the load \
+                 generator (`loadlab`, release build) and PostgreSQL ran outside it on the same machine.\n"
             );
         }
+    }
+    let all_runs = ["sweep", "ramp", "change", "noisy"].iter().all(|p| lab.plan.phases.iter().any(|x| x == p));
+    if (lab.plan.api_cpus - QUOTA).abs() > 1e-9 || !all_runs {
+        let _ = writeln!(
+            s,
+            "> **Experiment** (`--api-cpus`/`--only`): the API at {} core; runs of each variant: {}. The goals \
+             are for the full lab at the production shape; a run that was not made shows as -.\n",
+            lab.plan.api_cpus,
+            lab.plan.phases.join(", ")
+        );
     }
     if lab.plan.quick {
         let _ = writeln!(
