@@ -650,6 +650,25 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
     let down_tally = tally(down.iter().copied());
     let down_max = down.iter().map(|s| s.took).max().unwrap_or_default();
     let down_p99 = percentile(down.iter().map(|s| s.took).collect(), 99);
+    // A 2xx "while down" can only be a request that waited for the database to come back (the
+    // pool keeps trying to connect until its acquire timeout): when were they sent, and answered?
+    let ok_down: Vec<String> = down
+        .iter()
+        .filter(|s| s.is_2xx())
+        .map(|s| {
+            format!(
+                "sent {:+.0} ms, answered {:+.0} ms",
+                (s.at.as_secs_f64() - restart_at.as_secs_f64()) * 1000.0,
+                ((s.at + s.took).as_secs_f64() - up_at.as_secs_f64()) * 1000.0
+            )
+        })
+        .collect();
+    if !ok_down.is_empty() {
+        report.note(format!(
+            "postgres: 2xx to requests sent while it was down (relative to the start issued, and to it accepting): {}",
+            ok_down.join("; ")
+        ));
+    }
     report.check(
         S,
         "while down: typed 503s",
