@@ -398,7 +398,7 @@ impl<S: HttpService> Edge<S> {
                 // the server read from one it never saw (the keep-alive close race).
                 tracing::debug!(
                     target: REQUEST_READ,
-                    request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()),
+                    request_id = req.headers().get(&crate::REQUEST_ID).and_then(|v| v.to_str().ok()),
                     "request read"
                 );
                 req.extensions_mut().insert(ConnectInfo(peer));
