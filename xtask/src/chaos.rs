@@ -153,7 +153,7 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<()> {
 
     let port = free_port()?;
     // Every request read is logged (for the SIGTERM scenario's accounting; see `read_request_ids`).
-    let mut api = lab.spawn_api(port, &[("RUST_LOG", "info,breakwater_api::request_read=debug")], false)?;
+    let mut api = lab.spawn_api(port, &[("RUST_LOG", READ_LOG)], false)?;
     wait_healthy(&api.base(), Duration::from_secs(20)).await?;
     let capacity = lab.capacity(&api.base()).await?;
     let rate = (capacity * 0.5).clamp(10.0, 400.0);
@@ -893,7 +893,7 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let spawned_at = t0.elapsed();
-    let new_api = lab.spawn_api(port, &[], false)?;
+    let new_api = lab.spawn_api(port, &[("RUST_LOG", READ_LOG)], false)?;
     let serving = wait_healthy(&new_api.base(), Duration::from_secs(20)).await;
     let exit = loop {
         if let Some(status) = api.child.try_wait()? {
@@ -926,7 +926,9 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
     // loop logs as hyper hands a request to the app (at debug, enabled for this process). One it never read
     // was not accepted: the HTTP/1.1 race where the server closes an idle kept-alive connection as
     // the client sends on it (RFC 9112, section 9.3.1). Such a POST must not be in the table.
-    let read = read_request_ids(&api.log);
+    // Either process may have read a request sent around the handover.
+    let mut read = read_request_ids(&api.log);
+    read.extend(read_request_ids(&new_api.log));
     let before_term: Vec<&Sample> = samples.iter().filter(|s| s.at < term_at && s.is_2xx()).collect();
     let unlogged = before_term.iter().filter(|s| !read.contains(&request_id("sigterm", s.i))).count();
     report.check(
@@ -994,6 +996,9 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
     report_panics(&api, S, report);
     Ok(new_api)
 }
+
+/// The API's log filter when the requests it reads are accounted for (see `read_request_ids`).
+const READ_LOG: &str = "info,breakwater_api::request_read=debug";
 
 /// The `x-request-id`s of the requests an API process read, from its log (JSON lines; the
 /// `breakwater_api::request_read` debug events).

@@ -246,6 +246,15 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             lab_report::SCHEMA
         );
         lab_report::recompute(&mut lab);
+        // A saved experiment is still an experiment: never into docs/PERFORMANCE.md.
+        let saved_experiment = (lab.plan.api_cpus - quarter_core()).abs() > 1e-9 || lab.plan.phases != every_phase();
+        let (out, perf_md) = if saved_experiment && args.out.is_none() {
+            let custom = root.join("target/lab-custom");
+            std::fs::create_dir_all(&custom)?;
+            (custom, None)
+        } else {
+            (out, perf_md)
+        };
         let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
         println!("{}", lab_report::summary(&lab));
         for w in written {

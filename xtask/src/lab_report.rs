@@ -822,7 +822,7 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
         let _ = writeln!(
             s,
             "> **Experiment** (`--api-cpus`/`--only`): the API at {} core; runs of each variant: {}. The goals \
-             are for the full lab at the production shape; a run that was not made shows as -.\n",
+             are for the full lab at the production shape; the tables of runs that were not made are empty.\n",
             lab.plan.api_cpus,
             lab.plan.phases.join(", ")
         );
