@@ -393,6 +393,11 @@ fn request_id(run: &str, i: usize) -> String {
     format!("chaos-{run}-{i}")
 }
 
+/// Whether request `i` of the load mix posts a message (even `i`); odd `i` reads an inbox page.
+fn posts(i: usize) -> bool {
+    i.is_multiple_of(2)
+}
+
 /// One request of the load mix: even `i` posts a message, odd `i` reads an inbox page.
 async fn send(
     client: &reqwest::Client,
@@ -404,7 +409,7 @@ async fn send(
     let t = &tenants[i / 2 % tenants.len()];
     let id = request_id(run, i);
     let started = Instant::now();
-    let req = if i.is_multiple_of(2) {
+    let req = if posts(i) {
         let conv = t.conversations[i / 4 % t.conversations.len()];
         client
             .post(format!("{base}/v1/conversations/{conv}/messages"))
@@ -506,6 +511,13 @@ struct Tally {
     failed: usize,
     first_failure: Option<String>,
     codes: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    /// Deliberate refusals: typed 503s (database, deadline), admission's 503s and 429s.
+    fn refusals(&self) -> usize {
+        self.typed_503 + self.shed + self.throttled
+    }
 }
 
 fn tally<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> Tally {
@@ -690,9 +702,10 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
     // (the first check), and admission refusing no larger a share than before the stop (at least
     // 1% is allowed, the lab's bound for a step within capacity: an adaptive limit refuses the odd
     // request in a latency spike at any load, fault or not).
-    let before = tally(samples.iter().filter(|s| s.at < down_from));
-    let before_n = samples.iter().filter(|s| s.at < down_from).count();
-    let before_refused = share(before.shed + before.typed_503 + before.throttled, before_n);
+    let before_stop: Vec<&Sample> = samples.iter().filter(|s| s.at < down_from).collect();
+    let before_n = before_stop.len();
+    let before = tally(before_stop.iter().copied());
+    let before_refused = share(before.refusals(), before_n);
     let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= up_at).collect();
     // What the tail after the return is made of, second by second, so a slow recovery can be
     // told apart: admission's limit climbing back (shed), the pool reconnecting (db_*), or both.
@@ -727,7 +740,7 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
     );
     let settled: Vec<&Sample> = after.iter().copied().filter(|s| s.at >= up_at + Duration::from_secs(5)).collect();
     let settled_tally = tally(settled.iter().copied());
-    let settled_refused = share(settled_tally.shed + settled_tally.typed_503 + settled_tally.throttled, settled.len());
+    let settled_refused = share(settled_tally.refusals(), settled.len());
     let allowed = before_refused.max(0.01);
     let last_bad = after.iter().filter(|s| !s.is_2xx()).map(|s| s.at.saturating_sub(up_at)).max();
     report.check(
@@ -922,11 +935,11 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
         ),
         not_ready_at.as_ref().is_some_and(|(t, g)| g == "503" && *t < closed_at),
     );
-    // A failed request was accepted if the old process read it: its log has the event the accept
-    // loop logs as hyper hands a request to the app (at debug, enabled for this process). One it never read
-    // was not accepted: the HTTP/1.1 race where the server closes an idle kept-alive connection as
-    // the client sends on it (RFC 9112, section 9.3.1). Such a POST must not be in the table.
-    // Either process may have read a request sent around the handover.
+    // A failed request was accepted if a process read it: its log has the event the accept loop
+    // logs as hyper hands a request to the app (at debug, enabled for both processes; either may
+    // have read a request sent around the handover). One never read was not accepted: the HTTP/1.1
+    // race where the server closes an idle kept-alive connection as the client sends on it
+    // (RFC 9112, section 9.3.1). Such a POST must not be in the table.
     let mut read = read_request_ids(&api.log);
     read.extend(read_request_ids(&new_api.log));
     let before_term: Vec<&Sample> = samples.iter().filter(|s| s.at < term_at && s.is_2xx()).collect();
@@ -941,8 +954,7 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
     let failed: Vec<&Sample> = samples.iter().filter(|s| matches!(s.outcome, Outcome::Failed(_))).collect();
     let (accepted, unread): (Vec<&Sample>, Vec<&Sample>) =
         failed.iter().partition(|s| read.contains(&request_id("sigterm", s.i)));
-    let unread_posts: Vec<String> =
-        unread.iter().filter(|s| s.i.is_multiple_of(2)).map(|s| request_id("sigterm", s.i)).collect();
+    let unread_posts: Vec<String> = unread.iter().filter(|s| posts(s.i)).map(|s| request_id("sigterm", s.i)).collect();
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&lab.db_url).await?;
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM messages WHERE body = ANY($1)")
         .bind(&unread_posts)
