@@ -151,6 +151,12 @@ impl Plan {
         }
     }
 
+    /// Whether this is an experiment rather than the lab at the production shape: another CPU
+    /// quota for the API, or only some of the runs.
+    pub(crate) fn is_experiment(&self) -> bool {
+        (self.api_cpus - quarter_core()).abs() > 1e-9 || self.phases != every_phase()
+    }
+
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
     pub(crate) fn profiles(&self, noisy_rps: f64) -> String {
         let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
@@ -213,17 +219,16 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     for p in &args.only {
         anyhow::ensure!(PHASES.contains(&p.as_str()), "unknown run {p:?}; known: {PHASES:?}");
     }
-    let experiment = args.api_cpus != Millicores::QUARTER || !args.only.is_empty();
-    if experiment {
+    if args.api_cpus != Millicores::QUARTER {
         // The calibration's rates scale with the CPU, so the capacity is found at any quota.
         let scale = args.api_cpus.cores() / quarter_core();
         plan.calibration_rps = plan.calibration_rps.iter().map(|r| (r * scale).round()).collect();
         plan.api_cpus = args.api_cpus.cores();
-        if !args.only.is_empty() {
-            plan.phases =
-                PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
-        }
     }
+    if !args.only.is_empty() {
+        plan.phases = PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
+    }
+    let experiment = plan.is_experiment();
     let runs = |p: &str| plan.phases.iter().any(|x| x == p);
     let root = services::root();
     let (out, runs_dir, docs) = match (&args.out, args.quick) {
@@ -247,8 +252,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         );
         lab_report::recompute(&mut lab);
         // A saved experiment is still an experiment: never into docs/PERFORMANCE.md.
-        let saved_experiment = (lab.plan.api_cpus - quarter_core()).abs() > 1e-9 || lab.plan.phases != every_phase();
-        let (out, perf_md) = if saved_experiment && args.out.is_none() {
+        let (out, perf_md) = if lab.plan.is_experiment() && args.out.is_none() {
             let custom = root.join("target/lab-custom");
             std::fs::create_dir_all(&custom)?;
             (custom, None)

@@ -817,8 +817,7 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
             );
         }
     }
-    let all_runs = ["sweep", "ramp", "change", "noisy"].iter().all(|p| lab.plan.phases.iter().any(|x| x == p));
-    if (lab.plan.api_cpus - QUOTA).abs() > 1e-9 || !all_runs {
+    if lab.plan.is_experiment() {
         let _ = writeln!(
             s,
             "> **Experiment** (`--api-cpus`/`--only`): the API at {} core; runs of each variant: {}. The goals \
