@@ -162,6 +162,14 @@ pub struct AdmissionConfig {
     /// Serve a flooding tenant's newest waiter first during sustained overload (adaptive LIFO),
     /// so admitted work is fresh work whose client is still there. Default true.
     pub adaptive_lifo: bool,
+    /// Under a CPU quota (a container's CPU limit), the share of the quota the CPU gate keeps the
+    /// process's CPU use under: past it, new work is refused at the door, the heaviest tenants
+    /// first, so the process is never frozen by the quota (see `docs/ADMISSION.md`, "The CPU
+    /// gate"). Only in adaptive mode, and only with a [`CpuMeter`](crate::CpuMeter) given to
+    /// [`Admission::with_cpu`](crate::Admission::with_cpu). 0 turns it off. Default 0.85.
+    pub cpu_target: f64,
+    /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
+    pub cpu_window: Duration,
     /// Route classes; the classifier returns an index into this list. Never empty: the first is
     /// [`ClassId::DEFAULT`]. Default: one class named `default`.
     pub classes: Vec<ClassConfig>,
@@ -178,6 +186,8 @@ impl Default for AdmissionConfig {
             codel_interval: Duration::from_millis(100),
             overload_wait: Duration::from_millis(5),
             adaptive_lifo: true,
+            cpu_target: 0.85,
+            cpu_window: Duration::from_millis(100),
             classes: vec![ClassConfig::default()],
         }
     }
@@ -213,6 +223,12 @@ impl AdmissionConfig {
         }
         if !(0.0..=1.0).contains(&self.smoothing) || self.smoothing == 0.0 {
             return Err(ConfigError("smoothing must be in (0, 1]".into()));
+        }
+        if !(0.0..=1.0).contains(&self.cpu_target) {
+            return Err(ConfigError("cpu_target must be in [0, 1] (0: no CPU gate)".into()));
+        }
+        if self.cpu_window < Duration::from_millis(10) {
+            return Err(ConfigError("cpu_window must be at least 10 ms".into()));
         }
         for c in &self.classes {
             let bad = |what: &str| Err(ConfigError(format!("class {:?}: {what}", c.name)));
@@ -263,6 +279,9 @@ mod tests {
     fn rejects_inconsistent_limits() {
         let mut cfg = AdmissionConfig::default();
         assert!(cfg.validate().is_ok());
+        cfg.cpu_target = 1.5;
+        assert!(cfg.validate().is_err());
+        cfg.cpu_target = 0.85;
         cfg.classes[0].min_limit = 50;
         assert!(cfg.validate().is_err());
         cfg.classes.clear();

@@ -34,6 +34,7 @@
 mod body;
 mod config;
 mod controller;
+mod cpu;
 mod histogram;
 mod layer;
 mod queue;
@@ -43,6 +44,7 @@ mod state;
 
 pub use body::AdmissionBody;
 pub use config::{AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, Mode, ParseError};
+pub use cpu::{CpuMeter, CpuSnapshot};
 pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_timeout};
 pub use refusal::{Refusal, RefusalReason};
 pub use snapshot::{ClassSnapshot, ShedTotals, Snapshot};

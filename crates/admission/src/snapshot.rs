@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::config::{AdmissionConfig, Algorithm, Mode};
+use crate::cpu::CpuSnapshot;
 use crate::histogram::Histogram;
 
 /// Refusals since start, by reason.
@@ -14,19 +15,22 @@ pub struct ShedTotals {
     pub queue_timeout: u64,
     /// The client's deadline could not be met (`queue_timeout` at the door).
     pub deadline: u64,
+    /// Refused by the CPU gate: over the share of the CPU quota (`load_shed`).
+    pub cpu_quota: u64,
 }
 
 impl ShedTotals {
     /// All refusals.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.queue_full + self.queue_timeout + self.deadline
+        self.queue_full + self.queue_timeout + self.deadline + self.cpu_quota
     }
 
     fn add(&mut self, other: &Self) {
         self.queue_full += other.queue_full;
         self.queue_timeout += other.queue_timeout;
         self.deadline += other.deadline;
+        self.cpu_quota += other.cpu_quota;
     }
 }
 
@@ -96,6 +100,8 @@ pub struct Snapshot {
     pub p50_ms: Option<f64>,
     /// 95th percentile of the same.
     pub p95_ms: Option<f64>,
+    /// The CPU gate (`None` without a CPU quota, or when not adaptive).
+    pub cpu: Option<CpuSnapshot>,
     /// Per class.
     pub classes: Vec<ClassSnapshot>,
 }
@@ -106,6 +112,7 @@ impl Snapshot {
         classes: Vec<ClassSnapshot>,
         bypassed_total: u64,
         all: &Histogram,
+        cpu: Option<CpuSnapshot>,
     ) -> Self {
         let mut shed = ShedTotals::default();
         for c in &classes {
@@ -127,6 +134,7 @@ impl Snapshot {
             shed,
             p50_ms: ms(0.5),
             p95_ms: ms(0.95),
+            cpu,
             classes,
         }
     }

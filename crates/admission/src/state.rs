@@ -12,8 +12,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::config::Mode;
 use crate::config::{AdmissionConfig, ClassConfig, ClassId, ConfigError};
 use crate::controller::{Controller, WindowSummary};
+use crate::cpu::{CpuGate, CpuMeter};
 use crate::histogram::Histogram;
 use crate::queue::{FairQueue, Outcome, Waiter};
 use crate::refusal::{Refusal, RefusalReason, retry_after};
@@ -40,6 +42,8 @@ impl fmt::Debug for Admission {
 
 pub(crate) struct Shared {
     pub(crate) config: AdmissionConfig,
+    /// The CPU gate, in adaptive mode under a CPU quota.
+    cpu: Option<CpuGate>,
     classes: Box<[Class]>,
     bypassed: AtomicU64,
 }
@@ -117,8 +121,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Admission {
     /// Builds the controller. Fails only on inconsistent settings (e.g. `min_limit > max_limit`).
     pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
+        Self::with_cpu(config, None)
+    }
+
+    /// Builds the controller with a CPU gate reading `meter` (the process's CPU quota and usage),
+    /// when the mode is adaptive and `cpu_target` is not 0. Without a meter, as [`Self::new`].
+    pub fn with_cpu(config: AdmissionConfig, meter: Option<Arc<dyn CpuMeter>>) -> Result<Self, ConfigError> {
         config.validate()?;
         let now = Instant::now();
+        let cpu = meter
+            .filter(|m| config.mode == Mode::Adaptive && config.cpu_target > 0.0 && m.cores() > 0.0)
+            .map(|m| CpuGate::new(m, config.cpu_target, config.cpu_window, now));
         let classes = config
             .classes
             .iter()
@@ -143,7 +156,7 @@ impl Admission {
                 }),
             })
             .collect();
-        Ok(Self { shared: Arc::new(Shared { config, classes, bypassed: AtomicU64::new(0) }) })
+        Ok(Self { shared: Arc::new(Shared { config, cpu, classes, bypassed: AtomicU64::new(0) }) })
     }
 
     /// The configuration it runs with.
@@ -188,7 +201,8 @@ impl Admission {
                 }
             })
             .collect();
-        Snapshot::from_classes(cfg, classes, self.shared.bypassed.load(Ordering::Relaxed), &all)
+        let cpu = self.shared.cpu.as_ref().map(CpuGate::snapshot);
+        Snapshot::from_classes(cfg, classes, self.shared.bypassed.load(Ordering::Relaxed), &all, cpu)
     }
 
     pub(crate) fn count_bypass(&self) {
@@ -212,8 +226,16 @@ impl Admission {
     ) -> Decision {
         let cfg = &self.shared.config;
         let (id, class) = self.class(id);
-        let mut st = lock(&class.state);
         let now = Instant::now();
+        if let Some(gate) = &self.shared.cpu
+            && !gate.pass(tenant, now)
+        {
+            let mut st = lock(&class.state);
+            st.window.arrivals += 1;
+            st.shed.cpu_quota += 1;
+            return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
+        }
+        let mut st = lock(&class.state);
         st.window.arrivals += 1;
         if st.in_flight < st.controller.limit() && st.queue.is_empty() {
             st.last_idle = now;
@@ -293,6 +315,9 @@ impl Admission {
             if *n == 0 {
                 st.tenant_slots.remove(&guard.tenant);
             }
+        }
+        if let Some(gate) = &self.shared.cpu {
+            gate.completed();
         }
         let (completed, probe, admitted_at) = (guard.completed, guard.probe, guard.admitted_at);
         if completed {

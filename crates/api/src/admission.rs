@@ -7,11 +7,13 @@
 //! never wait behind them.
 
 use std::hash::{Hash as _, Hasher as _};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, Request, header};
 use base64::Engine as _;
-use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, Mode, Route};
+use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, CpuMeter, Mode, Route};
+use breakwater_cgroup::CpuAccount;
 
 /// Admission settings from the environment.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +43,43 @@ pub struct AdmissionSettings {
     /// The adaptive limit's ceiling.
     #[arg(long = "admission-max-limit", env = "ADMISSION_MAX_LIMIT", default_value_t = 1000)]
     pub max_limit: usize,
+    /// Under a CPU quota (the container's CPU limit, read from the process's cgroup), the share of
+    /// it the CPU gate keeps CPU use under, refusing the heaviest tenants' excess past it. Adaptive
+    /// mode only; 0 turns the gate off. Without a quota there is no gate.
+    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.85)]
+    pub cpu_target: f64,
+}
+
+/// The process's cgroup, as the CPU gate's meter.
+#[derive(Debug)]
+struct CgroupMeter(CpuAccount);
+
+impl CpuMeter for CgroupMeter {
+    fn cores(&self) -> f64 {
+        self.0.cores
+    }
+
+    fn usage(&self) -> Option<Duration> {
+        self.0.usage().ok()
+    }
+}
+
+/// The meter for the CPU gate: the process's cgroup when it has a CPU quota.
+fn cpu_meter() -> Option<Arc<dyn CpuMeter>> {
+    match CpuAccount::of_self() {
+        Ok(Some(account)) => {
+            tracing::info!(cores = account.cores, period_us = account.period_us, "CPU quota found: the CPU gate is on");
+            Some(Arc::new(CgroupMeter(account)))
+        }
+        Ok(None) => {
+            tracing::info!("no CPU quota in the process's cgroup: no CPU gate");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the process's cgroup could not be read: no CPU gate");
+            None
+        }
+    }
 }
 
 /// The route classes, by index in the configuration.
@@ -71,12 +110,14 @@ impl AdmissionSettings {
         let mut config = AdmissionConfig {
             mode: self.mode,
             algorithm: self.algorithm,
+            cpu_target: self.cpu_target,
             classes: vec![class("default")],
             ..Default::default()
         };
         let lists = config.add_class(class("lists"));
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
-        let admission = Admission::new(config).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
+        let meter = (self.mode == Mode::Adaptive && self.cpu_target > 0.0).then(cpu_meter).flatten();
+        let admission = Admission::with_cpu(config, meter).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
         Ok((admission, Classes { default, lists }))
     }
 }
@@ -100,7 +141,8 @@ pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + 
 
 /// The tenant a request claims, read from its token's payload without verifying it (admission
 /// runs before auth and must stay cheap). A forged claim can only change which turn a request
-/// waits for in the queue; the token is verified before anything is served.
+/// waits for in the queue, and which tenant's share of the CPU gate it is counted in; the token
+/// is verified before anything is served.
 pub fn tenant_key<B>(req: &Request<B>) -> Option<u64> {
     let token = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?;
     let payload = token.split('.').nth(1)?;

@@ -135,6 +135,8 @@ struct LiveGauges {
     admission_admitted: Family<ClassLabel, Gauge>,
     admission_shed: Family<ShedLabels, Gauge>,
     admission_p95_ms: Family<ClassLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    admission_cpu_utilization: Gauge<f64, std::sync::atomic::AtomicU64>,
+    admission_cpu_gate_shut: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -250,6 +252,16 @@ impl Metrics {
             g.admission_shed.clone(),
         );
         registry.register("admission_p95_ms", "p95 latency of admitted requests, ms", g.admission_p95_ms.clone());
+        registry.register(
+            "admission_cpu_utilization",
+            "CPU used in the CPU gate's last window, as a share of the quota (-1: no CPU gate)",
+            g.admission_cpu_utilization.clone(),
+        );
+        registry.register(
+            "admission_cpu_gate_shut",
+            "1 while the CPU gate refuses work, 0 when open (-1: no CPU gate)",
+            g.admission_cpu_gate_shut.clone(),
+        );
         let jobs = JobGauges::default();
         register_jobs(&mut registry, &jobs);
         let runtime = RuntimeSeries::default();
@@ -302,7 +314,10 @@ impl Metrics {
         for (kind, n) in [("tenant", t.refused.tenant), ("user", t.refused.user), ("ip", t.refused.ip)] {
             g.throttle_refused.get_or_create(&KindLabel { kind }).set(to_i64(n));
         }
-        for c in state.admission.snapshot().classes {
+        let admission = state.admission.snapshot();
+        g.admission_cpu_utilization.set(admission.cpu.as_ref().map_or(-1.0, |c| c.utilization));
+        g.admission_cpu_gate_shut.set(admission.cpu.as_ref().map_or(-1, |c| i64::from(c.shut)));
+        for c in admission.classes {
             let class = ClassLabel { class: c.name.clone() };
             g.admission_limit.get_or_create(&class).set(c.limit.map_or(-1, usize_i64));
             g.admission_in_flight.get_or_create(&class).set(usize_i64(c.in_flight));
@@ -313,6 +328,7 @@ impl Metrics {
                 ("queue_full", c.shed.queue_full),
                 ("queue_timeout", c.shed.queue_timeout),
                 ("deadline", c.shed.deadline),
+                ("cpu_quota", c.shed.cpu_quota),
             ] {
                 g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }).set(to_i64(n));
             }

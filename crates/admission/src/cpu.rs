@@ -1,0 +1,463 @@
+//! The CPU gate: under a CPU quota, keep the process's CPU use below a share of its quota by
+//! refusing new work at the door, the heaviest tenants first.
+//!
+//! Why: a container's CPU limit is a CFS quota (a quarter core is 25 ms of CPU per 100 ms
+//! period). Once a period's quota is spent, the whole process is frozen until the next period,
+//! whatever admission's in-flight limit says: every request in flight, and every refusal, waits
+//! out the freeze. A latency-based limit cannot see that the freeze is not queueing. The gate
+//! reads what the quota is measured in, CPU time, once per window (`cpu_window`, 100 ms) and keeps
+//! it under `cpu_target` of the quota, so the process is not frozen and answers, including its
+//! refusals, stay fast.
+//!
+//! How: while CPU use is over the target, the gate allows a budget of requests per window,
+//! lowered in proportion to the overshoot and raised by at most 10% a window while under it; once
+//! demand has fitted in the budget for ten windows the gate opens. The budget is shared between
+//! tenants max-min fairly (water filling over each tenant's arrival rate): a tenant asking for
+//! less than the level passes whole, the heavier ones are refused the rest. The budget never
+//! goes below half of what fits under the target at the CPU cost per request measured while the
+//! gate was open: past that, the CPU goes on refusals (which the gate cannot make cheaper) and
+//! refusing more would only lose goodput.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// CPU time used by the process (its cgroup), for the CPU gate. The API gives one that reads its
+/// own cgroup; tests give a simulated one.
+pub trait CpuMeter: Send + Sync + 'static {
+    /// The quota, in cores (0.25 for a quarter core).
+    fn cores(&self) -> f64;
+    /// Cumulative CPU time used since some fixed point; `None` when it cannot be read now (the
+    /// gate then keeps its last decision).
+    fn usage(&self) -> Option<Duration>;
+}
+
+/// Windows with demand inside the budget before the gate opens.
+const CALM_WINDOWS: u32 = 10;
+/// Most the budget grows per window while under the target.
+const GROWTH: f64 = 1.10;
+/// Most it shrinks per window (a measured overshoot of 2x or more halves it).
+const MIN_STEP: f64 = 0.5;
+/// The budget's floor, as a share of what fits under the target at the measured cost.
+const FLOOR: f64 = 0.5;
+/// Tenants tracked at once; past this, new keys share one slot (a flood of forged keys cannot
+/// grow the table).
+const MAX_TENANTS: usize = 4096;
+/// A gap this many windows long without a request resets the gate to open.
+const RESET_GAP: u32 = 5;
+
+pub(crate) struct CpuGate {
+    meter: Arc<dyn CpuMeter>,
+    cores: f64,
+    target: f64,
+    window: Duration,
+    /// Requests finished (slots released) since the last window.
+    completed: AtomicU32,
+    state: Mutex<GateState>,
+}
+
+impl fmt::Debug for CpuGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuGate").field("cores", &self.cores).field("target", &self.target).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Tenant {
+    /// Arrivals in this window.
+    arrivals: u32,
+    /// Arrivals per window, smoothed.
+    rate: f64,
+    /// Share of its arrivals to refuse while the gate is shut.
+    refuse: f64,
+    /// Accumulated admissions owed (deterministic thinning: pass when it reaches 1).
+    credit: f64,
+}
+
+struct GateState {
+    last_tick: Instant,
+    last_usage: Option<Duration>,
+    /// Requests that may pass per window while shut; `None` while the gate is open.
+    budget: Option<f64>,
+    calm: u32,
+    /// CPU used in the last window, as a share of the quota.
+    utilization: f64,
+    /// CPU seconds per passed request, measured in windows the gate was open.
+    cost: Option<f64>,
+    passed: u32,
+    refused_in_window: u32,
+    tenants: HashMap<Option<u64>, Tenant>,
+    refused: u64,
+    shut_windows: u64,
+}
+
+/// The CPU gate's figures, for `/v1/ops/status` and `/metrics`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpuSnapshot {
+    /// The quota, in cores.
+    pub quota_cores: f64,
+    /// The share of the quota the gate keeps CPU use under.
+    pub target: f64,
+    /// CPU used in the last window, as a share of the quota.
+    pub utilization: f64,
+    /// Whether the gate is refusing now.
+    pub shut: bool,
+    /// While shut: requests per second it lets through.
+    pub budget_per_sec: Option<f64>,
+    /// CPU time per request while the gate was open, microseconds (what the budget's floor is
+    /// computed from).
+    pub cost_per_request_us: Option<f64>,
+    /// Windows spent shut since start.
+    pub shut_windows: u64,
+    /// Refusals by the gate since start (also counted as `cpu_quota` in the class totals).
+    pub refused_total: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl CpuGate {
+    pub(crate) fn new(meter: Arc<dyn CpuMeter>, target: f64, window: Duration, now: Instant) -> Self {
+        let cores = meter.cores();
+        let last_usage = meter.usage();
+        Self {
+            meter,
+            cores,
+            target,
+            window,
+            completed: AtomicU32::new(0),
+            state: Mutex::new(GateState {
+                last_tick: now,
+                last_usage,
+                budget: None,
+                calm: 0,
+                utilization: 0.0,
+                cost: None,
+                passed: 0,
+                refused_in_window: 0,
+                tenants: HashMap::new(),
+                refused: 0,
+                shut_windows: 0,
+            }),
+        }
+    }
+
+    /// Whether a request of `tenant` may go on to the class's limit and queue.
+    pub(crate) fn pass(&self, tenant: Option<u64>, now: Instant) -> bool {
+        let mut st = lock(&self.state);
+        if now.saturating_duration_since(st.last_tick) >= self.window {
+            self.tick(&mut st, now);
+        }
+        let shut = st.budget.is_some();
+        let key = if st.tenants.len() >= MAX_TENANTS && !st.tenants.contains_key(&tenant) { None } else { tenant };
+        let t = st.tenants.entry(key).or_default();
+        t.arrivals += 1;
+        let pass = if shut {
+            t.credit += 1.0 - t.refuse;
+            if t.credit >= 1.0 {
+                t.credit -= 1.0;
+                true
+            } else {
+                false
+            }
+        } else {
+            true
+        };
+        if pass {
+            st.passed += 1;
+        } else {
+            st.refused += 1;
+            st.refused_in_window += 1;
+        }
+        pass
+    }
+
+    /// A request let through has finished.
+    pub(crate) fn completed(&self) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// End of a window: measure the CPU, move the budget, share it out.
+    fn tick(&self, st: &mut GateState, now: Instant) {
+        let dt = now.saturating_duration_since(st.last_tick);
+        st.last_tick = now;
+        let usage = self.meter.usage();
+        let used = match (usage, st.last_usage) {
+            (Some(a), Some(b)) => Some(a.saturating_sub(b)),
+            _ => None,
+        };
+        if usage.is_some() {
+            st.last_usage = usage;
+        }
+        // Counts per window of nominal length, whatever this one lasted.
+        let scale = self.window.as_secs_f64() / dt.as_secs_f64().max(1e-9);
+        let passed = f64::from(st.passed) * scale;
+        let done = self.completed.swap(0, Ordering::Relaxed);
+        let refused = st.refused_in_window;
+        st.passed = 0;
+        st.refused_in_window = 0;
+        let mut demand = 0.0;
+        for t in st.tenants.values_mut() {
+            t.rate = 0.5 * t.rate + 0.5 * f64::from(t.arrivals) * scale;
+            t.arrivals = 0;
+            demand += t.rate;
+        }
+        st.tenants.retain(|_, t| t.rate >= 0.01);
+        if dt >= self.window * RESET_GAP {
+            // Idle for a while: whatever was true before is stale.
+            st.budget = None;
+            st.calm = 0;
+            return;
+        }
+        let Some(used) = used else { return };
+        let u = used.as_secs_f64() / (dt.as_secs_f64() * self.cores);
+        st.utilization = u;
+        // The CPU cost of a request, from windows in which the gate was open: CPU used per request
+        // finished (finished, not passed: in a throttled window part of the work passed is done
+        // in the next one). Refusals by the class limits count into it, so it errs high, and the
+        // floor low.
+        if st.budget.is_none() && refused == 0 && done > 0 && u > 0.2 {
+            let cost = used.as_secs_f64() / f64::from(done);
+            st.cost = Some(st.cost.map_or(cost, |c| 0.8 * c + 0.2 * cost));
+        }
+        let floor =
+            st.cost.map_or(1.0, |c| (FLOOR * self.target * self.cores * self.window.as_secs_f64() / c).max(1.0));
+        if u > self.target {
+            st.calm = 0;
+            let base = st.budget.map_or(passed, |b| b.min(passed.max(1.0)));
+            st.budget = Some((base * (self.target / u).max(MIN_STEP)).max(floor));
+        } else if let Some(b) = st.budget {
+            let grown = b * (self.target / u.max(1e-3)).min(GROWTH);
+            st.calm = if demand <= grown { st.calm + 1 } else { 0 };
+            st.budget = if st.calm >= CALM_WINDOWS { None } else { Some(grown.max(floor)) };
+        }
+        if st.budget.is_some() {
+            st.shut_windows += 1;
+        }
+        share(st.budget, &mut st.tenants);
+    }
+
+    pub(crate) fn snapshot(&self) -> CpuSnapshot {
+        let st = lock(&self.state);
+        let per_sec = 1.0 / self.window.as_secs_f64();
+        CpuSnapshot {
+            quota_cores: self.cores,
+            target: self.target,
+            utilization: st.utilization,
+            shut: st.budget.is_some(),
+            budget_per_sec: st.budget.map(|b| b * per_sec),
+            cost_per_request_us: st.cost.map(|c| c * 1e6),
+            shut_windows: st.shut_windows,
+            refused_total: st.refused,
+        }
+    }
+}
+
+/// Max-min fair shares of `budget` (requests per window) over the tenants' rates: the water
+/// level `L` with `sum(min(rate, L)) = budget`; each tenant is refused `1 - L / rate` of its
+/// requests (nothing when its rate is under the level, or when the gate is open).
+fn share(budget: Option<f64>, tenants: &mut HashMap<Option<u64>, Tenant>) {
+    let Some(budget) = budget else {
+        for t in tenants.values_mut() {
+            t.refuse = 0.0;
+        }
+        return;
+    };
+    let mut rates: Vec<f64> = tenants.values().map(|t| t.rate).collect();
+    rates.sort_by(f64::total_cmp);
+    let mut left = budget;
+    let mut level = f64::INFINITY;
+    #[allow(clippy::cast_precision_loss)]
+    for (i, rate) in rates.iter().enumerate() {
+        let others = (rates.len() - i) as f64;
+        if rate * others > left {
+            level = left / others;
+            break;
+        }
+        left -= rate;
+    }
+    for t in tenants.values_mut() {
+        t.refuse = if t.rate <= level { 0.0 } else { 1.0 - level / t.rate };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A meter whose usage the test sets.
+    struct Fake {
+        cores: f64,
+        used_us: AtomicU64,
+    }
+
+    impl CpuMeter for Fake {
+        fn cores(&self) -> f64 {
+            self.cores
+        }
+        fn usage(&self) -> Option<Duration> {
+            Some(Duration::from_micros(self.used_us.load(Ordering::Relaxed)))
+        }
+    }
+
+    fn tenants(rates: &[f64]) -> HashMap<Option<u64>, Tenant> {
+        rates.iter().enumerate().map(|(i, &rate)| (Some(i as u64), Tenant { rate, ..Tenant::default() })).collect()
+    }
+
+    #[test]
+    fn shares_are_max_min_fair() {
+        // One heavy tenant (90) and three light ones (2 each), budget 30: the light ones pass
+        // whole, the heavy one gets the remaining 24.
+        let mut t = tenants(&[90.0, 2.0, 2.0, 2.0]);
+        share(Some(30.0), &mut t);
+        assert!((t[&Some(0)].refuse - (1.0 - 24.0 / 90.0)).abs() < 1e-9);
+        for i in 1..4 {
+            assert!(t[&Some(i)].refuse.abs() < 1e-12);
+        }
+        // A budget over the demand refuses nobody; an open gate neither.
+        share(Some(200.0), &mut t);
+        assert!(t.values().all(|x| x.refuse == 0.0));
+        // Equal tenants over the budget share it equally.
+        let mut t = tenants(&[10.0, 10.0]);
+        share(Some(10.0), &mut t);
+        assert!(t.values().all(|x| (x.refuse - 0.5).abs() < 1e-9));
+    }
+
+    /// Drives the gate with a simulated CPU: each passed request costs `cost` of CPU, each
+    /// refusal `refusal_cost`, and nothing is used past the quota (the kernel's throttling).
+    /// Returns (share of the quota used, requests passed per second, per tenant) over the last
+    /// `measure` seconds.
+    fn drive(
+        rates: &[f64],
+        cost: Duration,
+        refusal_cost: Duration,
+        seconds: u32,
+        measure: u32,
+    ) -> (f64, Vec<f64>, CpuSnapshot) {
+        let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
+        let start = Instant::now();
+        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
+        let step = Duration::from_millis(1);
+        let mut owed = vec![0.0; rates.len()];
+        let mut passed = vec![0u64; rates.len()];
+        let mut used_in_period = 0.0;
+        let mut measured_cpu = 0.0;
+        for ms in 0..u64::from(seconds) * 1000 {
+            let now = start + step * u32::try_from(ms).expect("small");
+            if ms % 100 == 0 {
+                used_in_period = 0.0;
+            }
+            let measuring = ms >= u64::from(seconds - measure) * 1000;
+            for (i, rate) in rates.iter().enumerate() {
+                owed[i] += rate / 1000.0;
+                while owed[i] >= 1.0 {
+                    owed[i] -= 1.0;
+                    let ok = gate.pass(Some(i as u64), now);
+                    let want = if ok { cost } else { refusal_cost }.as_secs_f64();
+                    // The quota: at most 25 ms per 100 ms period; work past it is lost here.
+                    let c = want.min(0.025 - used_in_period).max(0.0);
+                    used_in_period += c;
+                    if ok && c >= want {
+                        gate.completed();
+                    }
+                    let us = u64::try_from(Duration::from_secs_f64(c).as_micros()).expect("small");
+                    meter.used_us.fetch_add(us, Ordering::Relaxed);
+                    if measuring {
+                        measured_cpu += c;
+                        if ok {
+                            passed[i] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let per_sec = passed.iter().map(|&p| p as f64 / f64::from(measure)).collect();
+        (measured_cpu / (f64::from(measure) * 0.25), per_sec, gate.snapshot())
+    }
+
+    #[test]
+    fn under_the_target_nothing_is_refused() {
+        // 300 req/s at 500 us: 0.15 core, 60% of a quarter core.
+        let (u, passed, snap) = drive(&[300.0], Duration::from_micros(500), Duration::from_micros(30), 10, 8);
+        assert!((u - 0.6).abs() < 0.05, "utilization {u}");
+        assert!((passed[0] - 300.0).abs() < 1.0, "passed {passed:?}");
+        assert_eq!(snap.refused_total, 0);
+        assert!(!snap.shut);
+    }
+
+    #[test]
+    fn at_twice_the_quota_cpu_stays_under_it() {
+        // 1,000 req/s at 500 us would need half a core: twice the quota.
+        let (u, passed, snap) = drive(&[1000.0], Duration::from_micros(500), Duration::from_micros(30), 20, 10);
+        assert!(snap.shut, "{snap:?}");
+        assert!(u < 0.97 && u > 0.6, "utilization {u} should sit under the quota, near the target");
+        assert!(passed[0] > 300.0, "goodput {passed:?}: the gate must not starve the service");
+    }
+
+    #[test]
+    fn a_flooding_tenant_is_refused_before_the_quiet_ones() {
+        // One tenant at 1,500 req/s, four at 40 req/s each, 500 us each: the quiet ones alone
+        // use a third of the target.
+        let rates = [1500.0, 40.0, 40.0, 40.0, 40.0];
+        let (u, passed, snap) = drive(&rates, Duration::from_micros(500), Duration::from_micros(30), 20, 10);
+        assert!(snap.shut);
+        assert!(u < 0.97, "utilization {u}");
+        for (i, p) in passed.iter().enumerate().skip(1) {
+            assert!((p - 40.0).abs() <= 1.0, "quiet tenant {i} passed {p}/s of 40");
+        }
+        assert!(passed[0] > 100.0 && passed[0] < 1500.0, "the flood gets the rest: {}", passed[0]);
+    }
+
+    #[test]
+    fn when_refusals_alone_fill_the_quota_the_budget_holds_its_floor() {
+        // 20,000 req/s at 20 us per refusal would be 0.4 core in refusals alone. The gate must
+        // keep letting work through (its floor), not shrink to nothing.
+        let (_, passed, snap) = drive(&[20_000.0], Duration::from_micros(500), Duration::from_micros(20), 20, 10);
+        let cost = snap.cost_per_request_us;
+        assert!(passed[0] > 50.0, "passed {passed:?}/s; cost {cost:?}");
+    }
+
+    #[test]
+    fn the_gate_opens_again_when_load_falls() {
+        let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
+        let start = Instant::now();
+        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
+        // Two overloaded windows (every request burns CPU as if the quota were used up)...
+        let mut now = start;
+        for _ in 0..3 {
+            for _ in 0..50 {
+                gate.pass(Some(1), now);
+            }
+            meter.used_us.fetch_add(25_000, Ordering::Relaxed);
+            now += Duration::from_millis(100);
+        }
+        gate.pass(Some(1), now);
+        assert!(gate.snapshot().shut, "over the target the gate shuts");
+        // ...then light load for a few seconds.
+        for _ in 0..30 {
+            now += Duration::from_millis(100);
+            meter.used_us.fetch_add(2_000, Ordering::Relaxed);
+            gate.pass(Some(1), now);
+        }
+        let snap = gate.snapshot();
+        assert!(!snap.shut, "{snap:?}");
+        // A long idle gap resets it at once.
+        meter.used_us.fetch_add(100_000, Ordering::Relaxed);
+        for _ in 0..20 {
+            gate.pass(Some(1), now);
+        }
+        now += Duration::from_millis(100);
+        gate.pass(Some(1), now);
+        assert!(gate.snapshot().shut);
+        now += Duration::from_secs(2);
+        gate.pass(Some(1), now);
+        assert!(!gate.snapshot().shut, "after an idle gap the gate is open");
+    }
+}
