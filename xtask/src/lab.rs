@@ -69,6 +69,11 @@ pub(crate) struct LabArgs {
     /// capacity is always calibrated first. A subset is an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// The variants, in order (comma-separated: off, static, adaptive, and adaptive-cpu-T, adaptive
+    /// with `ADMISSION_CPU_TARGET=T`, T in [0, 1], 0 being no CPU gate). Anything but the full
+    /// lab's off, static, adaptive-cpu-0, adaptive is an experiment, reported like --api-cpus.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
 }
 
 /// Every run of a variant, in order.
@@ -76,6 +81,22 @@ const PHASES: [&str; 4] = ["sweep", "ramp", "change", "noisy"];
 
 fn every_phase() -> Vec<String> {
     PHASES.iter().map(|p| (*p).to_owned()).collect()
+}
+
+/// The variants of the full lab, in order: adaptive without its CPU gate beside adaptive, so that
+/// one run shows what the gate buys and what it costs.
+const VARIANTS: [&str; 4] = ["off", "static", "adaptive-cpu-0", "adaptive"];
+/// Adaptive admission with another CPU target (`adaptive-cpu-0.95`; 0: no CPU gate), for
+/// experiments.
+const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
+
+/// The CPU target of an `adaptive-cpu-T` variant.
+fn cpu_target(variant: &str) -> Option<f64> {
+    variant.strip_prefix(CPU_TARGET_VARIANT)?.parse().ok().filter(|t| (0.0..=1.0).contains(t))
+}
+
+fn every_variant() -> Vec<String> {
+    VARIANTS.iter().map(|v| (*v).to_owned()).collect()
 }
 
 fn quarter_core() -> f64 {
@@ -92,6 +113,9 @@ pub(crate) struct Plan {
     /// The runs made of each variant (all four but in experiments).
     #[serde(default = "every_phase")]
     pub(crate) phases: Vec<String>,
+    /// The variants run (the three of the full lab but in experiments).
+    #[serde(default = "every_variant")]
+    pub(crate) variants: Vec<String>,
     pub(crate) sweep_callers: Vec<usize>,
     pub(crate) sweep_step_s: f64,
     pub(crate) calibration_rps: Vec<f64>,
@@ -117,6 +141,7 @@ impl Plan {
             quick,
             api_cpus: quarter_core(),
             phases: every_phase(),
+            variants: every_variant(),
             sweep_callers: vec![4, 16, 32, 192],
             sweep_step_s: 10.0,
             calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0],
@@ -154,7 +179,9 @@ impl Plan {
     /// Whether this is an experiment rather than the lab at the production shape: another CPU
     /// quota for the API, or only some of the runs.
     pub(crate) fn is_experiment(&self) -> bool {
-        (self.api_cpus - quarter_core()).abs() > 1e-9 || self.phases != every_phase()
+        (self.api_cpus - quarter_core()).abs() > 1e-9
+            || self.phases != every_phase()
+            || self.variants != every_variant()
     }
 
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
@@ -224,6 +251,15 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         let scale = args.api_cpus.cores() / quarter_core();
         plan.calibration_rps = plan.calibration_rps.iter().map(|r| (r * scale).round()).collect();
         plan.api_cpus = args.api_cpus.cores();
+    }
+    for v in &args.variants {
+        anyhow::ensure!(
+            VARIANTS.contains(&v.as_str()) || cpu_target(v).is_some(),
+            "unknown variant {v:?}; known: off, static, adaptive and {CPU_TARGET_VARIANT}T with T in [0, 1]"
+        );
+    }
+    if !args.variants.is_empty() {
+        plan.variants.clone_from(&args.variants);
     }
     if !args.only.is_empty() {
         plan.phases = PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
@@ -356,7 +392,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     // 2. Each variant: the sweep, the ramp, the capacity change, the noisy neighbour.
     let noisy_rps = ctx.tokens.noisy_rps(capacity.rps * plan.noisy_base, plan.noisy_factor);
     std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(noisy_rps))?;
-    for variant in ["off", "static", "adaptive"] {
+    for variant in plan.variants.iter().map(String::as_str) {
         let mut v = Variant { name: variant.into(), ..Variant::default() };
         let mut done = Vec::new();
         if runs("sweep") {
@@ -490,7 +526,7 @@ impl Ctx {
         let api_log = std::fs::File::create(self.runs.join(format!("{name}.api.log")))?;
         cmd.env("DATABASE_URL", &self.db_url)
             .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))
-            .env("ADMISSION", variant)
+            .env("ADMISSION", if cpu_target(variant).is_some() { "adaptive" } else { variant })
             .env("ADMISSION_STATIC_LIMIT", "80")
             .env("SHUTDOWN_GRACE_SECS", "2")
             .env("LOG_FORMAT", "json")
@@ -499,6 +535,9 @@ impl Ctx {
             .stdout(api_log.try_clone()?)
             .stderr(api_log)
             .kill_on_drop(true);
+        if let Some(target) = cpu_target(variant) {
+            cmd.env("ADMISSION_CPU_TARGET", target.to_string());
+        }
         match throttles {
             Throttles::Off => {
                 cmd.env("THROTTLES", "off");
@@ -1078,5 +1117,22 @@ impl Sampler {
         let _ = self.stop.send(true);
         let _ = self.task.await;
         self.samples.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_target_variants_parse_and_make_an_experiment() {
+        assert_eq!(cpu_target("adaptive-cpu-0.95"), Some(0.95));
+        assert_eq!(cpu_target("adaptive-cpu-0"), Some(0.0));
+        assert_eq!(cpu_target("adaptive-cpu-1.5"), None);
+        assert_eq!(cpu_target("adaptive"), None);
+        let mut plan = Plan::new(false);
+        assert!(!plan.is_experiment());
+        plan.variants = vec!["adaptive-cpu-0.95".into(), "adaptive".into()];
+        assert!(plan.is_experiment());
     }
 }

@@ -820,9 +820,11 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     if lab.plan.is_experiment() {
         let _ = writeln!(
             s,
-            "> **Experiment** (`--api-cpus`/`--only`): the API at {} core; runs of each variant: {}. The goals \
-             are for the full lab at the production shape; the tables of runs that were not made are empty.\n",
+            "> **Experiment** (`--api-cpus`/`--only`/`--variants`): the API at {} core; variants: {}; runs of \
+             each: {}. The goals are for the full lab at the production shape; the tables of runs that were \
+             not made are empty.\n",
             lab.plan.api_cpus,
+            lab.plan.variants.join(", "),
             lab.plan.phases.join(", ")
         );
     }
@@ -844,6 +846,15 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
          contacts lists; everything else), so `static` shows 2 x 80.\n"
     );
 
+    if lab.variants.iter().any(|v| v.name.starts_with("adaptive-cpu-")) {
+        let _ = writeln!(
+            s,
+            "`adaptive-cpu-T` is adaptive admission with its CPU gate's target at T (`ADMISSION_CPU_TARGET`; \
+             `adaptive-cpu-0`: no CPU gate); `adaptive` runs with the default, 0.85. The gate keeps the \
+             API's CPU use under that share of its quota, refusing the heaviest tenants' excess first \
+             (docs/ADMISSION.md, \"The CPU gate\").\n"
+        );
+    }
     let _ = writeln!(s, "### Goals (issue #7), adaptive variant\n");
     let _ = writeln!(s, "| goal | target | measured | | notes |\n|---|---|---|---|---|");
     for g in goals(lab) {
@@ -1065,13 +1076,15 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     s
 }
 
-const COLORS: [RGBColor; 3] = [RGBColor(200, 60, 50), RGBColor(230, 150, 30), RGBColor(40, 110, 200)];
+const COLORS: [RGBColor; 4] =
+    [RGBColor(200, 60, 50), RGBColor(230, 150, 30), RGBColor(40, 110, 200), RGBColor(120, 160, 60)];
 
 fn color(name: &str) -> RGBColor {
     match name {
         "off" => COLORS[0],
         "static" => COLORS[1],
-        _ => COLORS[2],
+        "adaptive" => COLORS[2],
+        _ => COLORS[3],
     }
 }
 

@@ -472,3 +472,66 @@ async fn off_mode_never_refuses_but_still_counts() {
     assert_eq!(json["classes"][0]["name"], "default");
     assert!(json["p95_ms"].is_number());
 }
+
+/// CPU usage the test sets: a quarter-core quota.
+struct QuarterCore(Arc<std::sync::atomic::AtomicU64>);
+
+impl breakwater_admission::CpuMeter for QuarterCore {
+    fn cores(&self) -> f64 {
+        0.25
+    }
+    fn usage(&self) -> Option<Duration> {
+        Some(Duration::from_micros(self.0.load(Ordering::SeqCst)))
+    }
+}
+
+/// `windows` windows of 100 ms, each with 18 requests from tenant 1 and 2 from tenant 2 and the
+/// whole quota used. Returns the 503s by tenant.
+async fn saturate(a: &Admission, used_us: &std::sync::atomic::AtomicU64, windows: u32) -> [u32; 2] {
+    let gate = Gate::new();
+    gate.open.add_permits(10_000);
+    let svc = admitted(a, gate);
+    let mut refused = [0u32; 2];
+    for _ in 0..windows {
+        for i in 0..20u64 {
+            let tenant = if i < 18 { 1 } else { 2 };
+            let (code, refusal) = status(svc.clone(), request("/", Some(tenant))).await;
+            if code == StatusCode::SERVICE_UNAVAILABLE {
+                assert_eq!(refusal.map(|r| r.reason), Some(RefusalReason::CpuQuota));
+                refused[usize::try_from(tenant - 1).unwrap_or(0)] += 1;
+            }
+        }
+        // Health checks pass whatever the gate says.
+        assert_eq!(status(svc.clone(), request("/health", None)).await.0, StatusCode::OK);
+        used_us.fetch_add(25_000, Ordering::SeqCst);
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    refused
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
+    let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
+    let a = Admission::with_cpu(AdmissionConfig::default(), Some(meter)).unwrap_or_else(|e| panic!("{e}"));
+    let refused = saturate(&a, &used, 20).await;
+    assert!(refused[0] > 20, "the heavy tenant is refused: {refused:?}");
+    assert_eq!(refused[1], 0, "the light tenant is not");
+    let snap = a.snapshot();
+    let cpu = snap.cpu.clone().unwrap_or_else(|| panic!("a CPU gate"));
+    assert!(cpu.shut && cpu.utilization > 0.9, "{cpu:?}");
+    assert_eq!(cpu.refused_total, u64::from(refused[0]));
+    assert_eq!(snap.shed.cpu_quota, u64::from(refused[0]));
+    assert_eq!(snap.shed.total(), snap.shed.cpu_quota, "nothing else refused");
+    // The snapshot serializes the gate for /v1/ops/status.
+    let json = serde_json::to_value(&snap).unwrap_or_default();
+    assert_eq!(json["cpu"]["quota_cores"], serde_json::json!(0.25));
+
+    // Static mode, the same meter and load: no gate, no refusal.
+    let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
+    let cfg = static_config(1000, 32);
+    let a = Admission::with_cpu(cfg, Some(meter)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(saturate(&a, &used, 20).await, [0, 0]);
+    assert!(a.snapshot().cpu.is_none());
+}

@@ -48,38 +48,52 @@ pub struct AdmissionSettings {
     /// mode only; 0 turns the gate off. Without a quota there is no gate.
     #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.85)]
     pub cpu_target: f64,
+    /// The CPU quota in cores, for when the process's cgroup does not show it (on ECS Fargate the
+    /// task's limit can sit on a parent group the container cannot see). Default: read it.
+    #[arg(long = "admission-cpu-cores", env = "ADMISSION_CPU_CORES")]
+    pub cpu_cores: Option<f64>,
 }
 
 /// The process's cgroup, as the CPU gate's meter.
 #[derive(Debug)]
-struct CgroupMeter(CpuAccount);
+struct CgroupMeter {
+    account: CpuAccount,
+    cores: f64,
+}
 
 impl CpuMeter for CgroupMeter {
     fn cores(&self) -> f64 {
-        self.0.cores
+        self.cores
     }
 
     fn usage(&self) -> Option<Duration> {
-        self.0.usage().ok()
+        self.account.usage().ok()
     }
 }
 
-/// The meter for the CPU gate: the process's cgroup when it has a CPU quota.
-fn cpu_meter() -> Option<Arc<dyn CpuMeter>> {
-    match CpuAccount::of_self() {
-        Ok(Some(account)) => {
-            tracing::info!(cores = account.cores, period_us = account.period_us, "CPU quota found: the CPU gate is on");
-            Some(Arc::new(CgroupMeter(account)))
-        }
+/// The meter for the CPU gate: the process's cgroup, when it has a CPU quota or one is given.
+fn cpu_meter(given: Option<f64>) -> Option<Arc<dyn CpuMeter>> {
+    let account = match CpuAccount::of_self() {
+        Ok(Some(account)) => account,
         Ok(None) => {
-            tracing::info!("no CPU quota in the process's cgroup: no CPU gate");
-            None
+            tracing::info!("no cgroup CPU accounting: no CPU gate");
+            return None;
         }
         Err(e) => {
             tracing::warn!(error = %e, "the process's cgroup could not be read: no CPU gate");
-            None
+            return None;
         }
+    };
+    if let Err(e) = account.usage() {
+        tracing::warn!(error = %e, "the cgroup's CPU usage could not be read: no CPU gate");
+        return None;
     }
+    let Some(cores) = given.or(account.cores) else {
+        tracing::info!("no CPU quota in the process's cgroup and ADMISSION_CPU_CORES unset: no CPU gate");
+        return None;
+    };
+    tracing::info!(cores, found = ?account.cores, "the CPU gate is on");
+    Some(Arc::new(CgroupMeter { account, cores }))
 }
 
 /// The route classes, by index in the configuration.
@@ -116,7 +130,11 @@ impl AdmissionSettings {
         };
         let lists = config.add_class(class("lists"));
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
-        let meter = (self.mode == Mode::Adaptive && self.cpu_target > 0.0).then(cpu_meter).flatten();
+        if self.cpu_cores.is_some_and(|c| c.is_nan() || c <= 0.0) {
+            anyhow::bail!("ADMISSION_CPU_CORES must be a positive number of cores");
+        }
+        let gated = self.mode == Mode::Adaptive && self.cpu_target > 0.0;
+        let meter = if gated { cpu_meter(self.cpu_cores) } else { None };
         let admission = Admission::with_cpu(config, meter).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
         Ok((admission, Classes { default, lists }))
     }

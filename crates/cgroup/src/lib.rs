@@ -140,13 +140,14 @@ pub fn parse_cpu_stat(text: &str) -> Stats {
 }
 
 /// The CPU quota and usage of the calling process's own cgroup: what a container's CPU limit is
-/// made of. Reading it costs one small file read (a few microseconds).
+/// made of. Reading the usage costs one small file read (a few microseconds).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuAccount {
-    /// The quota in cores (quota / period), the tightest of the group and its ancestors.
-    pub cores: f64,
-    /// The CFS period, in microseconds.
-    pub period_us: u64,
+    /// The quota in cores (quota / period), the tightest of the group and its ancestors that the
+    /// process can see; `None` when none of them has one.
+    pub cores: Option<f64>,
+    /// The CFS period of that quota, in microseconds.
+    pub period_us: Option<u64>,
     /// The file with the group's cumulative CPU usage: v1 `cpuacct.usage` (ns), v2 `cpu.stat`.
     usage: PathBuf,
     /// `cpu.stat`, with the throttling counters.
@@ -155,8 +156,8 @@ pub struct CpuAccount {
 }
 
 impl CpuAccount {
-    /// The calling process's group, when it runs under a CPU quota. `Ok(None)`: no quota (or no
-    /// cgroup filesystem); `Err`: the files exist but could not be read.
+    /// The calling process's group. `Ok(None)`: no cgroup filesystem with CPU accounting;
+    /// `Err`: the files exist but could not be read.
     pub fn of_self() -> std::io::Result<Option<Self>> {
         let mounts = match std::fs::read_to_string("/proc/self/mounts") {
             Ok(text) => parse_mounts(&text),
@@ -171,33 +172,37 @@ impl CpuAccount {
     pub fn find(mounts: &Mounts, proc_cgroup: &str) -> std::io::Result<Option<Self>> {
         if let Some(cpu) = &mounts.cpu {
             let group = group_dir(cpu, own_cgroup(proc_cgroup, "cpu"));
-            let Some((cores, period_us)) = tightest(cpu, &group, |dir| {
+            let quota = tightest(cpu, &group, |dir| {
                 let quota = read_i64(&dir.join("cpu.cfs_quota_us"))?;
                 let period = read_i64(&dir.join("cpu.cfs_period_us"))?;
                 Ok(u64::try_from(quota).ok().zip(u64::try_from(period).ok()))
-            })?
-            else {
-                return Ok(None);
-            };
+            })?;
             let acct = mounts.cpuacct.as_ref().unwrap_or(cpu);
             let usage = group_dir(acct, own_cgroup(proc_cgroup, "cpuacct")).join("cpuacct.usage");
-            return Ok(Some(Self { cores, period_us, usage, stat: group.join("cpu.stat"), version2: false }));
+            return Ok(Some(Self {
+                cores: quota.map(|(c, _)| c),
+                period_us: quota.map(|(_, p)| p),
+                usage,
+                stat: group.join("cpu.stat"),
+                version2: false,
+            }));
         }
         if let Some(unified) = &mounts.unified {
             let group = group_dir(unified, own_cgroup(proc_cgroup, ""));
-            let Some((cores, period_us)) = tightest(unified, &group, |dir| {
-                match std::fs::read_to_string(dir.join("cpu.max")) {
-                    Ok(text) => Ok(parse_cpu_max(&text).and_then(|(q, p)| q.map(|q| (q, p)))),
-                    // The root group has no cpu.max.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(e),
-                }
-            })?
-            else {
-                return Ok(None);
-            };
+            let quota = tightest(unified, &group, |dir| match std::fs::read_to_string(dir.join("cpu.max")) {
+                Ok(text) => Ok(parse_cpu_max(&text).and_then(|(q, p)| q.map(|q| (q, p)))),
+                // The root group has no cpu.max.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            })?;
             let stat = group.join("cpu.stat");
-            return Ok(Some(Self { cores, period_us, usage: stat.clone(), stat, version2: true }));
+            return Ok(Some(Self {
+                cores: quota.map(|(c, _)| c),
+                period_us: quota.map(|(_, p)| p),
+                usage: stat.clone(),
+                stat,
+                version2: true,
+            }));
         }
         Ok(None)
     }
@@ -320,13 +325,13 @@ proc /proc proc rw 0 0";
     fn the_own_account_reads_or_is_absent() {
         match CpuAccount::of_self() {
             Ok(Some(account)) => {
-                assert!(account.cores > 0.0);
+                assert!(account.cores.is_none_or(|c| c > 0.0));
                 let a = account.usage().expect("usage");
                 let b = account.usage().expect("usage");
                 assert!(b >= a, "usage is cumulative");
                 account.stat().expect("cpu.stat");
             }
-            Ok(None) => eprintln!("no CPU quota here"),
+            Ok(None) => eprintln!("no cgroup CPU accounting here"),
             Err(e) => panic!("reading the own cgroup: {e}"),
         }
     }
@@ -357,12 +362,13 @@ proc /proc proc rw 0 0";
             ],
         );
         let mounts = Mounts { cpu: Some(root.join("cpu")), cpuacct: Some(root.join("cpu")), ..Mounts::default() };
-        let account = CpuAccount::find(&mounts, "3:cpu,cpuacct:/g\n").expect("read").expect("a quota");
-        assert!((account.cores - 0.25).abs() < 1e-9);
+        let account = CpuAccount::find(&mounts, "3:cpu,cpuacct:/g\n").expect("read").expect("an account");
+        assert_eq!((account.cores, account.period_us), (Some(0.25), Some(100_000)));
         assert_eq!(account.usage().expect("usage"), Duration::from_millis(1500));
         assert_eq!(account.stat().expect("stat").nr_throttled, 4);
-        let none = CpuAccount::find(&mounts, "3:cpu,cpuacct:/\n").expect("read");
-        assert!(none.is_none(), "the root has no quota");
+        let root_group = CpuAccount::find(&mounts, "3:cpu,cpuacct:/\n").expect("read").expect("an account");
+        assert_eq!(root_group.cores, None, "the root has no quota");
+        assert!(CpuAccount::find(&Mounts::default(), "").expect("read").is_none(), "no cgroup filesystem");
         let _ = std::fs::remove_dir_all(root);
     }
 
@@ -377,10 +383,11 @@ proc /proc proc rw 0 0";
             ],
         );
         let mounts = Mounts { unified: Some(root.join("u")), ..Mounts::default() };
-        let account = CpuAccount::find(&mounts, "0::/g\n").expect("read").expect("a quota");
-        assert!((account.cores - 0.5).abs() < 1e-9);
+        let account = CpuAccount::find(&mounts, "0::/g\n").expect("read").expect("an account");
+        assert_eq!(account.cores, Some(0.5));
         assert_eq!(account.usage().expect("usage"), Duration::from_millis(750));
-        assert!(CpuAccount::find(&mounts, "0::/h\n").expect("read").is_none(), "max is no quota");
+        let unlimited = CpuAccount::find(&mounts, "0::/h\n").expect("read").expect("an account");
+        assert_eq!(unlimited.cores, None, "max is no quota");
         let _ = std::fs::remove_dir_all(root);
     }
 }
