@@ -850,7 +850,7 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
         let _ = writeln!(
             s,
             "`adaptive-cpu-T` is adaptive admission with its CPU gate's target at T (`ADMISSION_CPU_TARGET`; \
-             `adaptive-cpu-0`: no CPU gate); `adaptive` runs with the default, 0.85. The gate keeps the \
+             `adaptive-cpu-0`: no CPU gate); `adaptive` runs with the default, 0.95. The gate keeps the \
              API's CPU use under that share of its quota, refusing the heaviest tenants' excess first \
              (docs/ADMISSION.md, \"The CPU gate\").\n"
         );

@@ -166,7 +166,8 @@ pub struct AdmissionConfig {
     /// process's CPU use under: past it, new work is refused at the door, the heaviest tenants
     /// first, so the process is never frozen by the quota (see `docs/ADMISSION.md`, "The CPU
     /// gate"). Only in adaptive mode, and only with a [`CpuMeter`](crate::CpuMeter) given to
-    /// [`Admission::with_cpu`](crate::Admission::with_cpu). 0 turns it off. Default 0.85.
+    /// [`Admission::with_cpu`](crate::Admission::with_cpu). 0 turns it off. Default 0.95
+    /// (docs/ADMISSION.md has the measurement behind it).
     pub cpu_target: f64,
     /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
     pub cpu_window: Duration,
@@ -186,7 +187,7 @@ impl Default for AdmissionConfig {
             codel_interval: Duration::from_millis(100),
             overload_wait: Duration::from_millis(5),
             adaptive_lifo: true,
-            cpu_target: 0.85,
+            cpu_target: 0.95,
             cpu_window: Duration::from_millis(100),
             classes: vec![ClassConfig::default()],
         }
@@ -281,7 +282,7 @@ mod tests {
         assert!(cfg.validate().is_ok());
         cfg.cpu_target = 1.5;
         assert!(cfg.validate().is_err());
-        cfg.cpu_target = 0.85;
+        cfg.cpu_target = 0.95;
         cfg.classes[0].min_limit = 50;
         assert!(cfg.validate().is_err());
         cfg.classes.clear();

@@ -9,9 +9,10 @@
 //! it under `cpu_target` of the quota, so the process is not frozen and answers, including its
 //! refusals, stay fast.
 //!
-//! How: while CPU use is over the target, the gate allows a budget of requests per window,
-//! lowered in proportion to the overshoot and raised by at most 10% a window while under it; once
-//! demand has fitted in the budget for ten windows the gate opens. The budget is shared between
+//! How: once a window's CPU use is over the target, the gate allows a budget of requests per
+//! window, lowered in proportion to the overshoot and raised by at most 10% a window while under
+//! it (steering by the mean of the last windows' use); once demand has fitted in the budget for
+//! ten windows the gate opens. The budget is shared between
 //! tenants max-min fairly (water filling over each tenant's arrival rate): a tenant asking for
 //! less than the level passes whole, the heavier ones are refused the rest. The budget never
 //! goes below half of what fits under the target at the CPU cost per request measured while the
@@ -87,6 +88,8 @@ struct GateState {
     calm: u32,
     /// CPU used in the last window, as a share of the quota.
     utilization: f64,
+    /// The same, averaged over the last windows while shut: what the gate steers by.
+    smoothed: f64,
     /// CPU seconds per passed request, measured in windows the gate was open.
     cost: Option<f64>,
     passed: u32,
@@ -138,6 +141,7 @@ impl CpuGate {
                 budget: None,
                 calm: 0,
                 utilization: 0.0,
+                smoothed: 0.0,
                 cost: None,
                 passed: 0,
                 refused_in_window: 0,
@@ -218,6 +222,12 @@ impl CpuGate {
         let Some(used) = used else { return };
         let u = used.as_secs_f64() / (dt.as_secs_f64() * self.cores);
         st.utilization = u;
+        // Shut, the gate steers by the mean of the last windows: one window's reading swings
+        // with where the scheduler's periods fall in it, and steering by each swing (every
+        // overshoot cuts, growth is capped) held CPU use 8-10% under the target in the lab.
+        // Open, it shuts on one window's reading, so that a flood is met at once.
+        st.smoothed = if st.budget.is_some() { 0.5 * st.smoothed + 0.5 * u } else { u };
+        let u = st.smoothed;
         // The CPU cost of a request, from windows in which the gate was open: CPU used per request
         // finished (finished, not passed: in a throttled window part of the work passed is done
         // in the next one). Refusals by the class limits count into it, so it errs high, and the
@@ -230,7 +240,8 @@ impl CpuGate {
             st.cost.map_or(1.0, |c| (FLOOR * self.target * self.cores * self.window.as_secs_f64() / c).max(1.0));
         if u > self.target {
             st.calm = 0;
-            let base = st.budget.map_or(passed, |b| b.min(passed.max(1.0)));
+            // From the budget, unless demand fell well under it (then from what passed).
+            let base = st.budget.map_or(passed, |b| if passed < 0.5 * b { passed.max(1.0) } else { b });
             st.budget = Some((base * (self.target / u).max(MIN_STEP)).max(floor));
         } else if let Some(b) = st.budget {
             let grown = b * (self.target / u.max(1e-3)).min(GROWTH);

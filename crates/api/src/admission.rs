@@ -46,7 +46,7 @@ pub struct AdmissionSettings {
     /// Under a CPU quota (the container's CPU limit, read from the process's cgroup), the share of
     /// it the CPU gate keeps CPU use under, refusing the heaviest tenants' excess past it. Adaptive
     /// mode only; 0 turns the gate off. Without a quota there is no gate.
-    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.85)]
+    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.95)]
     pub cpu_target: f64,
     /// The CPU quota in cores, for when the process's cgroup does not show it (on ECS Fargate the
     /// task's limit can sit on a parent group the container cannot see). Default: read it.
