@@ -71,7 +71,7 @@ pub(crate) struct LabArgs {
     only: Vec<String>,
     /// The variants, in order (comma-separated: off, static, adaptive, and adaptive-cpu-T, adaptive
     /// with `ADMISSION_CPU_TARGET=T`, T in [0, 1], 0 being no CPU gate). Anything but the full
-    /// lab's off, static, adaptive-cpu-0, adaptive is an experiment, reported like --api-cpus.
+    /// lab's off, static, adaptive, adaptive-cpu-0.95 is an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
 }
@@ -83,9 +83,9 @@ fn every_phase() -> Vec<String> {
     PHASES.iter().map(|p| (*p).to_owned()).collect()
 }
 
-/// The variants of the full lab, in order: adaptive without its CPU gate beside adaptive, so that
-/// one run shows what the gate buys and what it costs.
-const VARIANTS: [&str; 4] = ["off", "static", "adaptive-cpu-0", "adaptive"];
+/// The variants of the full lab, in order: adaptive with its CPU gate (at 0.95; off by default)
+/// beside adaptive, so that one run shows what the gate buys and what it costs.
+const VARIANTS: [&str; 4] = ["off", "static", "adaptive", "adaptive-cpu-0.95"];
 /// Adaptive admission with another CPU target (`adaptive-cpu-0.95`; 0: no CPU gate), for
 /// experiments.
 const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
@@ -1132,7 +1132,7 @@ mod tests {
         assert_eq!(cpu_target("adaptive"), None);
         let mut plan = Plan::new(false);
         assert!(!plan.is_experiment());
-        plan.variants = vec!["adaptive-cpu-0.95".into(), "adaptive".into()];
+        plan.variants = vec!["adaptive".into(), "adaptive-cpu-0.85".into()];
         assert!(plan.is_experiment());
     }
 }

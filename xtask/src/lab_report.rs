@@ -849,10 +849,10 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     if lab.variants.iter().any(|v| v.name.starts_with("adaptive-cpu-")) {
         let _ = writeln!(
             s,
-            "`adaptive-cpu-T` is adaptive admission with its CPU gate's target at T (`ADMISSION_CPU_TARGET`; \
-             `adaptive-cpu-0`: no CPU gate); `adaptive` runs with the default, 0.95. The gate keeps the \
-             API's CPU use under that share of its quota, refusing the heaviest tenants' excess first \
-             (docs/ADMISSION.md, \"The CPU gate\").\n"
+            "`adaptive-cpu-T` is adaptive admission with its CPU gate's target at T (`ADMISSION_CPU_TARGET`); \
+             `adaptive` runs with the default, no CPU gate. The gate keeps the API's CPU use under that \
+             share of its quota, refusing the heaviest tenants' excess first (docs/ADMISSION.md, \
+             \"The CPU gate\").\n"
         );
     }
     let _ = writeln!(s, "### Goals (issue #7), adaptive variant\n");

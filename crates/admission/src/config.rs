@@ -164,10 +164,11 @@ pub struct AdmissionConfig {
     pub adaptive_lifo: bool,
     /// Under a CPU quota (a container's CPU limit), the share of the quota the CPU gate keeps the
     /// process's CPU use under: past it, new work is refused at the door, the heaviest tenants
-    /// first, so the process is never frozen by the quota (see `docs/ADMISSION.md`, "The CPU
+    /// first, so the process is seldom frozen by the quota (see `docs/ADMISSION.md`, "The CPU
     /// gate"). Only in adaptive mode, and only with a [`CpuMeter`](crate::CpuMeter) given to
-    /// [`Admission::with_cpu`](crate::Admission::with_cpu). 0 turns it off. Default 0.95
-    /// (docs/ADMISSION.md has the measurement behind it).
+    /// [`Admission::with_cpu`](crate::Admission::with_cpu). Default 0: no gate. It trades
+    /// throughput for refusal latency and tenant isolation, and fails clients that retry at once
+    /// (docs/ADMISSION.md has the measurements); 0.95 is the value measured.
     pub cpu_target: f64,
     /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
     pub cpu_window: Duration,
@@ -187,7 +188,7 @@ impl Default for AdmissionConfig {
             codel_interval: Duration::from_millis(100),
             overload_wait: Duration::from_millis(5),
             adaptive_lifo: true,
-            cpu_target: 0.95,
+            cpu_target: 0.0,
             cpu_window: Duration::from_millis(100),
             classes: vec![ClassConfig::default()],
         }

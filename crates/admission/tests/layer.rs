@@ -513,7 +513,8 @@ async fn saturate(a: &Admission, used_us: &std::sync::atomic::AtomicU64, windows
 async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
     let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
-    let a = Admission::with_cpu(AdmissionConfig::default(), Some(meter)).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = AdmissionConfig { cpu_target: 0.95, ..AdmissionConfig::default() };
+    let a = Admission::with_cpu(cfg, Some(meter)).unwrap_or_else(|e| panic!("{e}"));
     let refused = saturate(&a, &used, 20).await;
     assert!(refused[0] > 20, "the heavy tenant is refused: {refused:?}");
     assert_eq!(refused[1], 0, "the light tenant is not");
@@ -530,8 +531,13 @@ async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
     // Static mode, the same meter and load: no gate, no refusal.
     let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
-    let cfg = static_config(1000, 32);
+    let cfg = AdmissionConfig { cpu_target: 0.95, ..static_config(1000, 32) };
     let a = Admission::with_cpu(cfg, Some(meter)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(saturate(&a, &used, 20).await, [0, 0]);
+    assert!(a.snapshot().cpu.is_none());
+    // And the default configuration has no gate either: it is opt-in.
+    let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
+    let a = Admission::with_cpu(AdmissionConfig::default(), Some(meter)).unwrap_or_else(|e| panic!("{e}"));
     assert!(a.snapshot().cpu.is_none());
 }

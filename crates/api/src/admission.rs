@@ -45,8 +45,9 @@ pub struct AdmissionSettings {
     pub max_limit: usize,
     /// Under a CPU quota (the container's CPU limit, read from the process's cgroup), the share of
     /// it the CPU gate keeps CPU use under, refusing the heaviest tenants' excess past it. Adaptive
-    /// mode only; 0 turns the gate off. Without a quota there is no gate.
-    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.95)]
+    /// mode only; 0 (the default) is no gate, 0.95 the value measured (docs/ADMISSION.md: it
+    /// trades throughput for refusal latency and tenant isolation). Without a quota, no gate.
+    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.0)]
     pub cpu_target: f64,
     /// The CPU quota in cores, for when the process's cgroup does not show it (on ECS Fargate the
     /// task's limit can sit on a parent group the container cannot see). Default: read it.
