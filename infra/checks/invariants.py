@@ -209,9 +209,9 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         "admission is adaptive with a 200 ms latency target by default",
     )
     tiers = svc["Mappings"]["Tier"]
-    cores_ref = next(e["Value"] for e in api_c.get("Environment", []) if e["Name"] == "ADMISSION_CPU_CORES")
+    cores_ref = next((e["Value"] for e in api_c.get("Environment", []) if e["Name"] == "ADMISSION_CPU_CORES"), None)
     c.check(
-        all(float(t["AdmissionCpuCores"]) == float(t["Cpu"]) / 1024 for t in tiers.values())
+        all("AdmissionCpuCores" in t and float(t["AdmissionCpuCores"]) == float(t["Cpu"]) / 1024 for t in tiers.values())
         and cores_ref == {"Fn::FindInMap": ["Tier", {"Ref": "TaskSize"}, "AdmissionCpuCores"]},
         "every tier tells admission's CPU gate the task's CPU (Cpu / 1024 cores)",
     )

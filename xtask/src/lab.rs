@@ -99,6 +99,11 @@ fn every_variant() -> Vec<String> {
     VARIANTS.iter().map(|v| (*v).to_owned()).collect()
 }
 
+/// The full lab's variants before `adaptive-cpu-0.95` joined them.
+fn legacy_variants() -> Vec<String> {
+    ["off", "static", "adaptive"].iter().map(|v| (*v).to_owned()).collect()
+}
+
 fn quarter_core() -> f64 {
     Millicores::QUARTER.cores()
 }
@@ -113,8 +118,9 @@ pub(crate) struct Plan {
     /// The runs made of each variant (all four but in experiments).
     #[serde(default = "every_phase")]
     pub(crate) phases: Vec<String>,
-    /// The variants run (the three of the full lab but in experiments).
-    #[serde(default = "every_variant")]
+    /// The variants run (the four of the full lab but in experiments). A lab.json written before
+    /// the option existed ran the three of the time.
+    #[serde(default = "legacy_variants")]
     pub(crate) variants: Vec<String>,
     pub(crate) sweep_callers: Vec<usize>,
     pub(crate) sweep_step_s: f64,
@@ -181,7 +187,7 @@ impl Plan {
     pub(crate) fn is_experiment(&self) -> bool {
         (self.api_cpus - quarter_core()).abs() > 1e-9
             || self.phases != every_phase()
-            || self.variants != every_variant()
+            || (self.variants != every_variant() && self.variants != legacy_variants())
     }
 
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
@@ -1134,5 +1140,7 @@ mod tests {
         assert!(!plan.is_experiment());
         plan.variants = vec!["adaptive".into(), "adaptive-cpu-0.85".into()];
         assert!(plan.is_experiment());
+        plan.variants = legacy_variants();
+        assert!(!plan.is_experiment(), "a full lab.json from before --variants");
     }
 }

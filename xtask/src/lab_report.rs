@@ -1076,15 +1076,29 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     s
 }
 
-const COLORS: [RGBColor; 4] =
-    [RGBColor(200, 60, 50), RGBColor(230, 150, 30), RGBColor(40, 110, 200), RGBColor(120, 160, 60)];
+const COLORS: [RGBColor; 6] = [
+    RGBColor(200, 60, 50),
+    RGBColor(230, 150, 30),
+    RGBColor(40, 110, 200),
+    RGBColor(120, 160, 60),
+    RGBColor(140, 80, 170),
+    RGBColor(90, 90, 90),
+];
 
+/// A variant's colour: fixed for off, static and adaptive; an `adaptive-cpu-T` variant's follows
+/// its target (hundredths, modulo three), so it keeps its colour from chart to chart and the
+/// targets measured (0, 0.85, 0.95) differ.
 fn color(name: &str) -> RGBColor {
     match name {
         "off" => COLORS[0],
         "static" => COLORS[1],
         "adaptive" => COLORS[2],
-        _ => COLORS[3],
+        other => {
+            let hundredths = other.rsplit('-').next().and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0) * 100.0;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let i = hundredths.round().max(0.0) as usize % 3;
+            COLORS[3 + i]
+        }
     }
 }
 

@@ -42,7 +42,7 @@ impl fmt::Debug for Admission {
 
 pub(crate) struct Shared {
     pub(crate) config: AdmissionConfig,
-    /// The CPU gate, in adaptive mode under a CPU quota.
+    /// The CPU gate: in adaptive mode, with a meter and a `cpu_target` above 0.
     cpu: Option<CpuGate>,
     classes: Box<[Class]>,
     bypassed: AtomicU64,
@@ -230,8 +230,9 @@ impl Admission {
         if let Some(gate) = &self.shared.cpu
             && !gate.pass(tenant, now)
         {
+            // Not counted in the class's window: its pressure (offered / admitted) measures the
+            // class's own overload, which the gate's refusals are not.
             let mut st = lock(&class.state);
-            st.window.arrivals += 1;
             st.shed.cpu_quota += 1;
             return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
         }

@@ -49,8 +49,9 @@ pub struct AdmissionSettings {
     /// trades throughput for refusal latency and tenant isolation). Without a quota, no gate.
     #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.0)]
     pub cpu_target: f64,
-    /// The CPU quota in cores, for when the process's cgroup does not show it (on ECS Fargate the
-    /// task's limit can sit on a parent group the container cannot see). Default: read it.
+    /// The CPU quota in cores, used instead of the quota read from the process's cgroup (on ECS
+    /// Fargate the task's limit can sit on a parent group the container cannot see). Default:
+    /// read it.
     #[arg(long = "admission-cpu-cores", env = "ADMISSION_CPU_CORES")]
     pub cpu_cores: Option<f64>,
 }
@@ -131,7 +132,7 @@ impl AdmissionSettings {
         };
         let lists = config.add_class(class("lists"));
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
-        if self.cpu_cores.is_some_and(|c| c.is_nan() || c <= 0.0) {
+        if self.cpu_cores.is_some_and(|c| !c.is_finite() || c <= 0.0) {
             anyhow::bail!("ADMISSION_CPU_CORES must be a positive number of cores");
         }
         let gated = self.mode == Mode::Adaptive && self.cpu_target > 0.0;

@@ -170,15 +170,23 @@ impl CpuAccount {
 
     /// The group of a process whose `/proc/<pid>/cgroup` reads `proc_cgroup`.
     pub fn find(mounts: &Mounts, proc_cgroup: &str) -> std::io::Result<Option<Self>> {
+        // A process whose group is not listed is not measured: falling back to the hierarchy's
+        // root would read the whole machine's usage.
         if let Some(cpu) = &mounts.cpu {
-            let group = group_dir(cpu, own_cgroup(proc_cgroup, "cpu"));
+            let Some(own) = own_cgroup(proc_cgroup, "cpu") else { return Ok(None) };
+            let group = group_dir(cpu, Some(own));
             let quota = tightest(cpu, &group, |dir| {
-                let quota = read_i64(&dir.join("cpu.cfs_quota_us"))?;
-                let period = read_i64(&dir.join("cpu.cfs_period_us"))?;
+                // A kernel without CFS bandwidth control has no quota files: no quota.
+                let (Some(quota), Some(period)) =
+                    (read_i64(&dir.join("cpu.cfs_quota_us"))?, read_i64(&dir.join("cpu.cfs_period_us"))?)
+                else {
+                    return Ok(None);
+                };
                 Ok(u64::try_from(quota).ok().zip(u64::try_from(period).ok()))
             })?;
             let acct = mounts.cpuacct.as_ref().unwrap_or(cpu);
-            let usage = group_dir(acct, own_cgroup(proc_cgroup, "cpuacct")).join("cpuacct.usage");
+            let own_acct = own_cgroup(proc_cgroup, "cpuacct").unwrap_or(own);
+            let usage = group_dir(acct, Some(own_acct)).join("cpuacct.usage");
             return Ok(Some(Self {
                 cores: quota.map(|(c, _)| c),
                 period_us: quota.map(|(_, p)| p),
@@ -188,7 +196,8 @@ impl CpuAccount {
             }));
         }
         if let Some(unified) = &mounts.unified {
-            let group = group_dir(unified, own_cgroup(proc_cgroup, ""));
+            let Some(own) = own_cgroup(proc_cgroup, "") else { return Ok(None) };
+            let group = group_dir(unified, Some(own));
             let quota = tightest(unified, &group, |dir| match std::fs::read_to_string(dir.join("cpu.max")) {
                 Ok(text) => Ok(parse_cpu_max(&text).and_then(|(q, p)| q.map(|q| (q, p)))),
                 // The root group has no cpu.max.
@@ -254,10 +263,16 @@ fn tightest(
     Ok(best)
 }
 
-fn read_i64(path: &Path) -> std::io::Result<i64> {
-    let text = std::fs::read_to_string(path)?;
+/// A number from a file; `None` when the file does not exist.
+fn read_i64(path: &Path) -> std::io::Result<Option<i64>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
     text.trim()
         .parse()
+        .map(Some)
         .map_err(|_| std::io::Error::other(format!("{} holds `{}`, not a number", path.display(), text.trim())))
 }
 
@@ -369,6 +384,11 @@ proc /proc proc rw 0 0";
         let root_group = CpuAccount::find(&mounts, "3:cpu,cpuacct:/\n").expect("read").expect("an account");
         assert_eq!(root_group.cores, None, "the root has no quota");
         assert!(CpuAccount::find(&Mounts::default(), "").expect("read").is_none(), "no cgroup filesystem");
+        assert!(CpuAccount::find(&mounts, "4:memory:/g\n").expect("read").is_none(), "not in a cpu group");
+        // A group without quota files (no CFS bandwidth control) has no quota, not an error.
+        std::fs::create_dir_all(root.join("cpu/bare")).expect("mkdir");
+        let bare = CpuAccount::find(&mounts, "3:cpu,cpuacct:/bare\n").expect("read").expect("an account");
+        assert_eq!(bare.cores, None);
         let _ = std::fs::remove_dir_all(root);
     }
 
