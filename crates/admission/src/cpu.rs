@@ -22,11 +22,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+
+use crate::state::lock;
 
 /// CPU time used by the process (its cgroup), for the CPU gate. The API gives one that reads its
 /// own cgroup; tests give a simulated one.
@@ -126,10 +128,6 @@ pub struct CpuSnapshot {
     pub shut_windows: u64,
     /// Refusals by the gate since start (also counted as `cpu_quota` in the class totals).
     pub refused_total: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl CpuGate {
@@ -454,21 +452,29 @@ mod tests {
         assert!(passed[0] > 50.0, "passed {passed:?}/s; cost {cost:?}");
     }
 
-    #[test]
-    fn fresh_tenant_claims_cannot_walk_around_a_shut_gate() {
+    /// A gate (target 0.85, a quarter core) after `windows` windows of `per_window` requests
+    /// from tenant 1, each window using the whole quota, and one request after the last; with
+    /// its meter and the time now.
+    fn overloaded(windows: u32, per_window: u32) -> (Arc<Fake>, CpuGate, Instant) {
         let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
         let start = Instant::now();
         let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
         let mut now = start;
-        // One tenant over the quota for a second shuts the gate.
-        for _ in 0..10 {
-            for _ in 0..100 {
+        for _ in 0..windows {
+            for _ in 0..per_window {
                 gate.pass(Some(1), now);
             }
             meter.used_us.fetch_add(25_000, Ordering::Relaxed);
             now += Duration::from_millis(100);
         }
         gate.pass(Some(1), now);
+        (meter, gate, now)
+    }
+
+    #[test]
+    fn fresh_tenant_claims_cannot_walk_around_a_shut_gate() {
+        // One tenant over the quota for a second shuts the gate.
+        let (_, gate, now) = overloaded(10, 100);
         let snap = gate.snapshot();
         let budget = snap.budget_per_sec.unwrap_or_else(|| panic!("shut: {snap:?}")) / 10.0;
         // Then, in one window, 500 requests each claiming a tenant never seen before.
@@ -481,19 +487,8 @@ mod tests {
 
     #[test]
     fn the_gate_opens_again_when_load_falls() {
-        let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
-        let start = Instant::now();
-        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
-        // Three overloaded windows (every request burns CPU as if the quota were used up)...
-        let mut now = start;
-        for _ in 0..3 {
-            for _ in 0..50 {
-                gate.pass(Some(1), now);
-            }
-            meter.used_us.fetch_add(25_000, Ordering::Relaxed);
-            now += Duration::from_millis(100);
-        }
-        gate.pass(Some(1), now);
+        // Three overloaded windows...
+        let (meter, gate, mut now) = overloaded(3, 50);
         assert!(gate.snapshot().shut, "over the target the gate shuts");
         // ...then light load for a few seconds.
         for _ in 0..30 {

@@ -113,8 +113,9 @@ pub(crate) enum Decision {
     Refuse(Refusal),
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a class lock leaves counters that are still meaningful; carry on.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock (a class's, the CPU gate's) leaves counters that are still
+    // meaningful; carry on.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
