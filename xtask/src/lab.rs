@@ -70,7 +70,8 @@ pub(crate) struct LabArgs {
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The variants, in order (comma-separated: off, static, adaptive, and adaptive-cpu-T, adaptive
-    /// with `ADMISSION_CPU_TARGET=T`, T in [0, 1], 0 being no CPU gate). Anything but the full
+    /// with `ADMISSION_CPU_TARGET=T`, T in [0, 1], 0 being no CPU gate; adaptive-cpu-T-pace-MS
+    /// also sets `ADMISSION_CPU_PACE_MS=MS`, 0 refusing instead of holding). Anything but the full
     /// lab's off, static, adaptive, adaptive-cpu-0.95 is an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
@@ -90,9 +91,15 @@ const VARIANTS: [&str; 4] = ["off", "static", "adaptive", "adaptive-cpu-0.95"];
 /// experiments.
 const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
 
-/// The CPU target of an `adaptive-cpu-T` variant.
-fn cpu_target(variant: &str) -> Option<f64> {
-    variant.strip_prefix(CPU_TARGET_VARIANT)?.parse().ok().filter(|t| (0.0..=1.0).contains(t))
+/// The CPU target of an `adaptive-cpu-T[-pace-MS]` variant, and its pace if given.
+fn cpu_target(variant: &str) -> Option<(f64, Option<u64>)> {
+    let rest = variant.strip_prefix(CPU_TARGET_VARIANT)?;
+    let (target, pace) = match rest.split_once("-pace-") {
+        Some((target, pace)) => (target, Some(pace.parse().ok()?)),
+        None => (rest, None),
+    };
+    let target: f64 = target.parse().ok()?;
+    (0.0..=1.0).contains(&target).then_some((target, pace))
 }
 
 fn every_variant() -> Vec<String> {
@@ -261,7 +268,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     for v in &args.variants {
         anyhow::ensure!(
             VARIANTS.contains(&v.as_str()) || cpu_target(v).is_some(),
-            "unknown variant {v:?}; known: off, static, adaptive and {CPU_TARGET_VARIANT}T with T in [0, 1]"
+            "unknown variant {v:?}; known: off, static, adaptive and {CPU_TARGET_VARIANT}T[-pace-MS] with T in [0, 1]"
         );
     }
     if !args.variants.is_empty() {
@@ -541,8 +548,11 @@ impl Ctx {
             .stdout(api_log.try_clone()?)
             .stderr(api_log)
             .kill_on_drop(true);
-        if let Some(target) = cpu_target(variant) {
+        if let Some((target, pace)) = cpu_target(variant) {
             cmd.env("ADMISSION_CPU_TARGET", target.to_string());
+            if let Some(pace) = pace {
+                cmd.env("ADMISSION_CPU_PACE_MS", pace.to_string());
+            }
         }
         match throttles {
             Throttles::Off => {
@@ -1132,8 +1142,10 @@ mod tests {
 
     #[test]
     fn cpu_target_variants_parse_and_make_an_experiment() {
-        assert_eq!(cpu_target("adaptive-cpu-0.95"), Some(0.95));
-        assert_eq!(cpu_target("adaptive-cpu-0"), Some(0.0));
+        assert_eq!(cpu_target("adaptive-cpu-0.95"), Some((0.95, None)));
+        assert_eq!(cpu_target("adaptive-cpu-0"), Some((0.0, None)));
+        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-0"), Some((0.95, Some(0))));
+        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-x"), None);
         assert_eq!(cpu_target("adaptive-cpu-1.5"), None);
         assert_eq!(cpu_target("adaptive"), None);
         let mut plan = Plan::new(false);

@@ -851,8 +851,9 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
             s,
             "`adaptive-cpu-T` is adaptive admission with its CPU gate's target at T (`ADMISSION_CPU_TARGET`); \
              `adaptive` runs with the default, no CPU gate. The gate keeps the API's CPU use under that \
-             share of its quota, refusing the heaviest tenants' excess first (docs/ADMISSION.md, \
-             \"The CPU gate\").\n"
+             share of its quota, holding (pacing) and then refusing the heaviest tenants' excess first \
+             (docs/ADMISSION.md, \"The CPU gate\"); a `-pace-MS` suffix sets the longest hold \
+             (`ADMISSION_CPU_PACE_MS`, default 50; 0 refuses at once).\n"
         );
     }
     let _ = writeln!(s, "### Goals (issue #7), adaptive variant\n");
@@ -1086,18 +1087,20 @@ const COLORS: [RGBColor; 6] = [
 ];
 
 /// A variant's colour: fixed for off, static and adaptive; an `adaptive-cpu-T` variant's follows
-/// its target (hundredths, modulo three), so it keeps its colour from chart to chart and the
-/// targets measured (0, 0.85, 0.95) differ.
+/// its target (hundredths, modulo three; one more with a `-pace-MS`), so it keeps its colour from
+/// chart to chart and the variants measured (0, 0.85, 0.95, 0.95 with a pace) differ.
 fn color(name: &str) -> RGBColor {
     match name {
         "off" => COLORS[0],
         "static" => COLORS[1],
         "adaptive" => COLORS[2],
         other => {
-            let hundredths = other.rsplit('-').next().and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0) * 100.0;
+            let rest = other.strip_prefix("adaptive-cpu-").unwrap_or(other);
+            let (target, pace) = rest.split_once("-pace-").unwrap_or((rest, ""));
+            let hundredths = target.parse::<f64>().unwrap_or(0.0) * 100.0;
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let i = hundredths.round().max(0.0) as usize % 3;
-            COLORS[3 + i]
+            let i = hundredths.round().max(0.0) as usize + usize::from(!pace.is_empty());
+            COLORS[3 + i % 3]
         }
     }
 }

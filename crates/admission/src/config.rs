@@ -172,6 +172,11 @@ pub struct AdmissionConfig {
     pub cpu_target: f64,
     /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
     pub cpu_window: Duration,
+    /// The longest the CPU gate holds a request of a tenant over its share, to pace it, before
+    /// refusing instead. A caller that waits for each answer (a closed loop) is slowed to its
+    /// share rather than refused and straight back; an open-loop flood is refused past a pace's
+    /// worth of held requests. Default 50 ms; 0 refuses at once.
+    pub cpu_pace: Duration,
     /// Route classes; the classifier returns an index into this list. Never empty: the first is
     /// [`ClassId::DEFAULT`]. Default: one class named `default`.
     pub classes: Vec<ClassConfig>,
@@ -190,6 +195,7 @@ impl Default for AdmissionConfig {
             adaptive_lifo: true,
             cpu_target: 0.0,
             cpu_window: Duration::from_millis(100),
+            cpu_pace: Duration::from_millis(50),
             classes: vec![ClassConfig::default()],
         }
     }
@@ -231,6 +237,9 @@ impl AdmissionConfig {
         }
         if self.cpu_window < Duration::from_millis(10) {
             return Err(ConfigError("cpu_window must be at least 10 ms".into()));
+        }
+        if self.cpu_pace > Duration::from_secs(1) {
+            return Err(ConfigError("cpu_pace must be at most 1 s (a hold is added to the request's latency)".into()));
         }
         for c in &self.classes {
             let bad = |what: &str| Err(ConfigError(format!("class {:?}: {what}", c.name)));

@@ -19,7 +19,7 @@
 //! gate was open: past that, the CPU goes on refusals (which the gate cannot make cheaper) and
 //! refusing more would only lose goodput.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,9 +53,14 @@ const FLOOR: f64 = 0.5;
 const MAX_TENANTS: usize = 4096;
 /// A gap this many windows long without a request resets the gate to open.
 const RESET_GAP: u32 = 5;
-/// While shut, what passes in one window never exceeds the budget by more than this factor,
-/// whatever the shares say (tenants new to the table have no rate yet, and claims are
-/// unverified: a client changing its claim every window must not walk around the gate).
+/// While shut, the burst a tenant may send at once on top of its pace, in windows of its share.
+/// Small: a burst is held (paced) rather than refused, and the bursts of all tenants together
+/// stay under the backstop.
+const BURST: f64 = 0.2;
+/// While shut, what passes (or is held) in one window never exceeds the budget by more than this
+/// factor, whatever the shares say (tenants new to the table have no rate yet, and claims are
+/// unverified: a client changing its claim every window must not walk around the gate). Above
+/// `1 + BURST`, so tenants on their schedules never reach it.
 const BACKSTOP: f64 = 1.25;
 
 pub(crate) struct CpuGate {
@@ -63,6 +68,8 @@ pub(crate) struct CpuGate {
     cores: f64,
     target: f64,
     window: Duration,
+    /// The longest a request is held to pace its tenant (0: refuse at once).
+    pace: Duration,
     /// Requests finished (slots released) since the last window.
     completed: AtomicU32,
     state: Mutex<GateState>,
@@ -74,18 +81,32 @@ impl fmt::Debug for CpuGate {
     }
 }
 
-#[derive(Default)]
 struct Tenant {
     /// Arrivals in this window.
     arrivals: u32,
     /// Arrivals per window, smoothed.
     rate: f64,
-    /// Share of its arrivals to refuse while the gate is shut.
-    refuse: f64,
-    /// Accumulated admissions owed (deterministic thinning: pass when it reaches 1).
-    credit: f64,
-    /// Passed in this window.
-    passed: u32,
+    /// While shut, the tenant's theoretical arrival time (GCRA): when its next request would be
+    /// on schedule at the water level's rate. A request finding it further ahead than the burst
+    /// allows is held until it is not, or refused when that is more than `pace` away.
+    tat: Instant,
+}
+
+impl Tenant {
+    fn new(now: Instant) -> Self {
+        Self { arrivals: 0, rate: 0.0, tat: now }
+    }
+}
+
+/// What the gate decided for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Pass,
+    /// Pass at this instant: the tenant is over its share, and holding it this long (at most
+    /// `cpu_pace`) puts it back on its schedule. A caller that waits for its answer before
+    /// sending again is slowed to its share rather than refused.
+    Hold(Instant),
+    Refuse,
 }
 
 struct GateState {
@@ -100,11 +121,14 @@ struct GateState {
     smoothed: f64,
     /// CPU seconds per passed request, measured in windows the gate was open.
     cost: Option<f64>,
-    passed: u32,
+    /// Requests let through, by the window they go on in: the one in progress first, then the
+    /// next ones (held requests).
+    released: VecDeque<u32>,
     tenants: HashMap<Option<u64>, Tenant>,
     /// The water level of the last share (requests per window per tenant), while shut.
     level: f64,
     refused: u64,
+    held: u64,
     shut_windows: u64,
 }
 
@@ -128,10 +152,14 @@ pub struct CpuSnapshot {
     pub shut_windows: u64,
     /// Refusals by the gate since start (also counted as `cpu_quota` in the class totals).
     pub refused_total: u64,
+    /// Requests the gate held (paced) before letting them through, since start.
+    pub held_total: u64,
+    /// The longest it holds one, milliseconds (0: it refuses instead).
+    pub max_hold_ms: f64,
 }
 
 impl CpuGate {
-    pub(crate) fn new(meter: Arc<dyn CpuMeter>, target: f64, window: Duration, now: Instant) -> Self {
+    pub(crate) fn new(meter: Arc<dyn CpuMeter>, target: f64, window: Duration, pace: Duration, now: Instant) -> Self {
         let cores = meter.cores();
         let last_usage = meter.usage();
         Self {
@@ -139,6 +167,7 @@ impl CpuGate {
             cores,
             target,
             window,
+            pace,
             completed: AtomicU32::new(0),
             state: Mutex::new(GateState {
                 last_tick: now,
@@ -148,49 +177,68 @@ impl CpuGate {
                 utilization: 0.0,
                 smoothed: 0.0,
                 cost: None,
-                passed: 0,
+                released: VecDeque::new(),
                 tenants: HashMap::new(),
                 level: f64::INFINITY,
                 refused: 0,
+                held: 0,
                 shut_windows: 0,
             }),
         }
     }
 
-    /// Whether a request of `tenant` may go on to the class's limit and queue.
-    pub(crate) fn pass(&self, tenant: Option<u64>, now: Instant) -> bool {
-        let mut st = lock(&self.state);
+    /// Whether a request of `tenant` may go on to the class's limit and queue: now, after a
+    /// hold, or not at all.
+    ///
+    /// While shut, each tenant is paced at the water level's rate (a GCRA: a fifth of a window's
+    /// share may pass at once, the rest on schedule). A request ahead of its tenant's schedule by
+    /// up to `pace` is held until its turn; further ahead, refused. An open-loop flood is refused at
+    /// once, beyond a pace's worth of held requests; a caller that waits for each answer is held
+    /// a few milliseconds instead of being refused and coming straight back.
+    pub(crate) fn pass(&self, tenant: Option<u64>, now: Instant) -> Verdict {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
         if now.saturating_duration_since(st.last_tick) >= self.window {
-            self.tick(&mut st, now);
+            self.tick(st, now);
         }
-        let budget = st.budget;
-        let (level, passed) = (st.level, f64::from(st.passed));
         let key = if st.tenants.len() >= MAX_TENANTS && !st.tenants.contains_key(&tenant) { None } else { tenant };
-        let t = st.tenants.entry(key).or_default();
+        let t = st.tenants.entry(key).or_insert_with(|| Tenant::new(now));
         t.arrivals += 1;
-        let pass = match budget {
-            None => true,
-            // Over the backstop, or a tenant without a measured rate past the level: refused.
-            Some(b) if passed >= b * BACKSTOP || (t.rate == 0.0 && f64::from(t.passed) >= level.max(1.0)) => false,
-            Some(_) => {
-                t.credit += 1.0 - t.refuse;
-                if t.credit >= 1.0 {
-                    t.credit -= 1.0;
-                    true
-                } else {
-                    false
-                }
-            }
+        let Some(budget) = st.budget else {
+            *slot(&mut st.released, 0) += 1;
+            return Verdict::Pass;
         };
-        if pass {
-            t.passed += 1;
-        }
-        if pass {
-            st.passed += 1;
+        // One request's share of the schedule (none while the budget covers every tenant; a
+        // level under one request a window spaces them more than a window apart).
+        let spacing = if st.level.is_finite() {
+            self.window.mul_f64(1.0 / st.level.max(1e-3)).min(self.window * 1000)
         } else {
-            st.refused += 1;
+            Duration::ZERO
+        };
+        let tat = t.tat.max(now);
+        let early = (tat - now).saturating_sub(self.window.mul_f64(BURST));
+        // The backstop counts requests in the window they go on in: a held one's may be the next.
+        let released = slot(&mut st.released, self.window_of(st.last_tick, now + early));
+        let verdict = if early > self.pace || f64::from(*released) >= budget * BACKSTOP {
+            Verdict::Refuse
+        } else {
+            *released += 1;
+            t.tat = tat + spacing;
+            if early.is_zero() { Verdict::Pass } else { Verdict::Hold(now + early) }
+        };
+        match verdict {
+            Verdict::Refuse => st.refused += 1,
+            Verdict::Hold(_) => st.held += 1,
+            Verdict::Pass => {}
         }
-        pass
+        verdict
+    }
+
+    /// The window (0: the one in progress, since `last_tick`) an instant falls in.
+    fn window_of(&self, last_tick: Instant, at: Instant) -> usize {
+        let ahead = at.saturating_duration_since(last_tick).as_nanos() / self.window.as_nanos().max(1);
+        // At most `pace` ahead (a second at most), so a few dozen windows.
+        usize::try_from(ahead).unwrap_or(usize::MAX).min(1024)
     }
 
     /// A request let through has finished.
@@ -212,14 +260,17 @@ impl CpuGate {
         }
         // Counts per window of nominal length, whatever this one lasted.
         let scale = self.window.as_secs_f64() / dt.as_secs_f64().max(1e-9);
-        let passed = f64::from(st.passed) * scale;
+        // What went on in the window that ended; the windows a gap skipped are gone too.
+        let passed = f64::from(st.released.pop_front().unwrap_or(0)) * scale;
+        let skipped = dt.as_nanos() / self.window.as_nanos().max(1);
+        for _ in 1..skipped.min(1024) {
+            st.released.pop_front();
+        }
         let done = self.completed.swap(0, Ordering::Relaxed);
-        st.passed = 0;
         let mut demand = 0.0;
         for t in st.tenants.values_mut() {
             t.rate = 0.5 * t.rate + 0.5 * f64::from(t.arrivals) * scale;
             t.arrivals = 0;
-            t.passed = 0;
             demand += t.rate;
         }
         st.tenants.retain(|_, t| t.rate >= 0.01);
@@ -262,7 +313,7 @@ impl CpuGate {
         if st.budget.is_some() {
             st.shut_windows += 1;
         }
-        st.level = share(st.budget, &mut st.tenants);
+        st.level = share(st.budget, &st.tenants);
     }
 
     pub(crate) fn snapshot(&self) -> CpuSnapshot {
@@ -281,38 +332,43 @@ impl CpuGate {
             cost_per_request_us: st.cost.map(|c| c * 1e6),
             shut_windows: st.shut_windows,
             refused_total: st.refused,
+            held_total: st.held,
+            max_hold_ms: self.pace.as_secs_f64() * 1e3,
         }
     }
 }
 
+/// The count of the `w`th window from now, made if need be.
+fn slot(released: &mut VecDeque<u32>, w: usize) -> &mut u32 {
+    if released.len() <= w {
+        released.resize(w + 1, 0);
+    }
+    &mut released[w]
+}
+
 /// Max-min fair shares of `budget` (requests per window) over the tenants' rates: the water
-/// level `L` with `sum(min(rate, L)) = budget`; each tenant is refused `1 - L / rate` of its
-/// requests (nothing when its rate is under the level, or when the gate is open). Returns the
-/// level (infinite when nobody is refused).
-fn share(budget: Option<f64>, tenants: &mut HashMap<Option<u64>, Tenant>) -> f64 {
-    let Some(budget) = budget else {
-        for t in tenants.values_mut() {
-            t.refuse = 0.0;
-        }
-        return f64::INFINITY;
-    };
+/// level `L` with `sum(min(rate, L)) = budget`. A tenant asking for less than `L` passes whole;
+/// the others are paced at `L`. When the budget covers every rate, what is left is shared
+/// equally on top of the highest rate: the rates were measured under the gate's pacing, so they
+/// understate what the paced tenants would send, and an unlimited level would let them all in
+/// at once. Infinite only with the gate open (or nobody to share with).
+#[allow(clippy::cast_precision_loss)]
+fn share(budget: Option<f64>, tenants: &HashMap<Option<u64>, Tenant>) -> f64 {
+    let Some(budget) = budget else { return f64::INFINITY };
     let mut rates: Vec<f64> = tenants.values().map(|t| t.rate).collect();
     rates.sort_by(f64::total_cmp);
     let mut left = budget;
-    let mut level = f64::INFINITY;
-    #[allow(clippy::cast_precision_loss)]
     for (i, rate) in rates.iter().enumerate() {
         let others = (rates.len() - i) as f64;
         if rate * others > left {
-            level = left / others;
-            break;
+            return left / others;
         }
         left -= rate;
     }
-    for t in tenants.values_mut() {
-        t.refuse = if t.rate <= level { 0.0 } else { 1.0 - level / t.rate };
+    match rates.last() {
+        Some(top) => top + left / rates.len() as f64,
+        None => f64::INFINITY,
     }
-    level
 }
 
 #[cfg(test)]
@@ -336,32 +392,68 @@ mod tests {
     }
 
     fn tenants(rates: &[f64]) -> HashMap<Option<u64>, Tenant> {
-        rates.iter().enumerate().map(|(i, &rate)| (Some(i as u64), Tenant { rate, ..Tenant::default() })).collect()
+        let now = Instant::now();
+        rates.iter().enumerate().map(|(i, &rate)| (Some(i as u64), Tenant { rate, ..Tenant::new(now) })).collect()
     }
 
     #[test]
     fn shares_are_max_min_fair() {
         // One heavy tenant (90) and three light ones (2 each), budget 30: the light ones pass
         // whole, the heavy one gets the remaining 24.
-        let mut t = tenants(&[90.0, 2.0, 2.0, 2.0]);
-        share(Some(30.0), &mut t);
-        assert!((t[&Some(0)].refuse - (1.0 - 24.0 / 90.0)).abs() < 1e-9);
-        for i in 1..4 {
-            assert!(t[&Some(i)].refuse.abs() < 1e-12);
-        }
-        // A budget over the demand refuses nobody; an open gate neither.
-        share(Some(200.0), &mut t);
-        assert!(t.values().all(|x| x.refuse == 0.0));
+        let t = tenants(&[90.0, 2.0, 2.0, 2.0]);
+        assert!((share(Some(30.0), &t) - 24.0).abs() < 1e-9);
+        // A budget over the demand limits nobody: the rest goes on top of the highest rate
+        // (96 = 90 + (200 - 96) / 4 rounded: 90 + 26). An open gate limits nobody either.
+        assert!((share(Some(200.0), &t) - 116.0).abs() < 1e-9);
+        assert!(share(None, &t).is_infinite());
         // Equal tenants over the budget share it equally.
-        let mut t = tenants(&[10.0, 10.0]);
-        share(Some(10.0), &mut t);
-        assert!(t.values().all(|x| (x.refuse - 0.5).abs() < 1e-9));
+        assert!((share(Some(10.0), &tenants(&[10.0, 10.0])) - 5.0).abs() < 1e-9);
+        // Two heavy, one light: the light passes whole, the heavy split the rest.
+        assert!((share(Some(30.0), &tenants(&[50.0, 40.0, 4.0])) - 13.0).abs() < 1e-9);
     }
 
-    /// Drives the gate with a simulated CPU: each passed request costs `cost` of CPU, each
-    /// refusal `refusal_cost`, and nothing is used past the quota (the kernel's throttling).
-    /// Returns (share of the quota used, requests passed per second, per tenant) over the last
-    /// `measure` seconds.
+    const QUOTA: f64 = 0.025;
+
+    /// A quarter core's CPU, simulated: at most 25 ms per 100 ms period (the kernel's throttling),
+    /// read by the gate through `meter`.
+    struct Cpu {
+        meter: Arc<Fake>,
+        used_in_period: f64,
+        /// CPU used while measuring.
+        measured: f64,
+    }
+
+    impl Cpu {
+        fn new() -> Self {
+            Self {
+                meter: Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) }),
+                used_in_period: 0.0,
+                measured: 0.0,
+            }
+        }
+
+        fn gate(&self, pace: Duration, now: Instant) -> CpuGate {
+            CpuGate::new(self.meter.clone(), 0.85, Duration::from_millis(100), pace, now)
+        }
+
+        /// Spends up to `want` seconds (and at most `room` more), within the period's quota;
+        /// returns what was spent.
+        fn spend(&mut self, want: f64, room: f64, measuring: bool) -> f64 {
+            let c = want.min(room).min(QUOTA - self.used_in_period).max(0.0);
+            self.used_in_period += c;
+            let us = u64::try_from(Duration::from_secs_f64(c).as_micros()).expect("small");
+            self.meter.used_us.fetch_add(us, Ordering::Relaxed);
+            if measuring {
+                self.measured += c;
+            }
+            c
+        }
+    }
+
+    /// Drives the gate with open-loop arrivals at `rates` per second, one tenant each: each passed
+    /// request costs `cost` of CPU, each refusal `refusal_cost`, and work past the quota is lost.
+    /// A held request is served when its hold ends. Returns (share of the quota used, requests
+    /// passed per second, per tenant) over the last `measure` seconds.
     fn drive(
         rates: &[f64],
         cost: Duration,
@@ -369,45 +461,130 @@ mod tests {
         seconds: u32,
         measure: u32,
     ) -> (f64, Vec<f64>, CpuSnapshot) {
-        let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
+        let mut cpu = Cpu::new();
         let start = Instant::now();
-        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
+        let gate = cpu.gate(Duration::from_millis(50), start);
         let step = Duration::from_millis(1);
         let mut owed = vec![0.0; rates.len()];
         let mut passed = vec![0u64; rates.len()];
-        let mut used_in_period = 0.0;
-        let mut measured_cpu = 0.0;
+        let mut held: Vec<(Instant, usize)> = Vec::new();
         for ms in 0..u64::from(seconds) * 1000 {
             let now = start + step * u32::try_from(ms).expect("small");
             if ms % 100 == 0 {
-                used_in_period = 0.0;
+                cpu.used_in_period = 0.0;
             }
             let measuring = ms >= u64::from(seconds - measure) * 1000;
+            let mut serve = |cpu: &mut Cpu, i: usize| {
+                let want = cost.as_secs_f64();
+                if cpu.spend(want, want, measuring) >= want {
+                    gate.completed();
+                }
+                if measuring {
+                    passed[i] += 1;
+                }
+            };
+            let due: Vec<usize> = held.iter().filter(|(at, _)| *at <= now).map(|&(_, i)| i).collect();
+            held.retain(|(at, _)| *at > now);
+            for i in due {
+                serve(&mut cpu, i);
+            }
             for (i, rate) in rates.iter().enumerate() {
                 owed[i] += rate / 1000.0;
                 while owed[i] >= 1.0 {
                     owed[i] -= 1.0;
-                    let ok = gate.pass(Some(i as u64), now);
-                    let want = if ok { cost } else { refusal_cost }.as_secs_f64();
-                    // The quota: at most 25 ms per 100 ms period; work past it is lost here.
-                    let c = want.min(0.025 - used_in_period).max(0.0);
-                    used_in_period += c;
-                    if ok && c >= want {
-                        gate.completed();
-                    }
-                    let us = u64::try_from(Duration::from_secs_f64(c).as_micros()).expect("small");
-                    meter.used_us.fetch_add(us, Ordering::Relaxed);
-                    if measuring {
-                        measured_cpu += c;
-                        if ok {
-                            passed[i] += 1;
+                    match gate.pass(Some(i as u64), now) {
+                        Verdict::Pass => serve(&mut cpu, i),
+                        Verdict::Hold(at) => held.push((at, i)),
+                        Verdict::Refuse => {
+                            cpu.spend(refusal_cost.as_secs_f64(), 1.0, measuring);
                         }
                     }
                 }
             }
         }
         let per_sec = passed.iter().map(|&p| p as f64 / f64::from(measure)).collect();
-        (measured_cpu / (f64::from(measure) * 0.25), per_sec, gate.snapshot())
+        (cpu.measured / (f64::from(measure) * 0.25), per_sec, gate.snapshot())
+    }
+
+    /// Drives the gate with `callers` closed-loop callers of one tenant: each sends its next
+    /// request the moment it has the answer to the last (a client that ignores `Retry-After`).
+    /// A request takes `cost` of CPU, a refusal 20 us; the CPU is one core under a quarter-core
+    /// quota, in 100 us steps. Returns (answers passed per second, share of answers refused,
+    /// share of the quota used) over the last 10 of 20 seconds.
+    fn closed_loop(callers: usize, cost: Duration, pace: Duration) -> (f64, f64, f64) {
+        let mut cpu = Cpu::new();
+        let start = Instant::now();
+        let gate = cpu.gate(pace, start);
+        let step = Duration::from_micros(100);
+        // Per caller: CPU left on its current answer, whether that answer is a pass, and the hold
+        // it waits out first.
+        let mut work: Vec<Option<(f64, bool)>> = vec![None; callers];
+        let mut hold: Vec<Option<Instant>> = vec![None; callers];
+        let (mut ok, mut refused) = (0u64, 0u64);
+        let seconds = 20u32;
+        for tick in 0..u64::from(seconds) * 10_000 {
+            let now = start + step * u32::try_from(tick).expect("small");
+            if tick % 1000 == 0 {
+                cpu.used_in_period = 0.0;
+            }
+            let measuring = tick >= 100_000;
+            let mut room = step.as_secs_f64();
+            for c in 0..callers {
+                if hold[c].is_some_and(|at| at > now) {
+                    continue;
+                }
+                if hold[c].take().is_some() {
+                    work[c] = Some((cost.as_secs_f64(), true));
+                }
+                let (left, pass) = *work[c].get_or_insert_with(|| match gate.pass(Some(1), now) {
+                    Verdict::Pass => (cost.as_secs_f64(), true),
+                    Verdict::Refuse => (20e-6, false),
+                    Verdict::Hold(at) => {
+                        hold[c] = Some(at);
+                        (0.0, true)
+                    }
+                });
+                if hold[c].is_some() {
+                    work[c] = None;
+                    continue;
+                }
+                let spent = cpu.spend(left, room, measuring);
+                room -= spent;
+                if spent < left {
+                    work[c] = Some((left - spent, pass));
+                    continue;
+                }
+                work[c] = None;
+                if pass {
+                    gate.completed();
+                }
+                if measuring {
+                    if pass {
+                        ok += 1;
+                    } else {
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let (ok, refused) = (ok as f64, refused as f64);
+        (ok / 10.0, refused / (ok + refused).max(1.0), cpu.measured / (10.0 * 0.25))
+    }
+
+    #[test]
+    fn closed_loop_callers_are_paced_not_refused() {
+        // Four callers of one tenant at 500 us a request: they alone could use the quota (500
+        // answers/s), so the gate shuts. Held rather than refused, they keep close to the target;
+        // refused at once, they spin on refusals, which fill the quota and starve the work.
+        let cost = Duration::from_micros(500);
+        let (paced, paced_refused, paced_cpu) = closed_loop(4, cost, Duration::from_millis(50));
+        let (spun, spun_refused, _) = closed_loop(4, cost, Duration::ZERO);
+        assert!(paced_refused < 0.01, "paced: {paced_refused} of answers refused");
+        assert!(paced > 300.0, "paced: {paced} answers/s of 500 possible");
+        assert!(paced_cpu < 0.97, "paced: CPU at {paced_cpu} of the quota");
+        assert!(spun_refused > 0.5, "unpaced: {spun_refused} refused (the failure pacing fixes)");
+        assert!(paced > spun, "paced {paced}/s against unpaced {spun}/s");
     }
 
     #[test]
@@ -458,7 +635,7 @@ mod tests {
     fn overloaded(windows: u32, per_window: u32) -> (Arc<Fake>, CpuGate, Instant) {
         let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
         let start = Instant::now();
-        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), start);
+        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), Duration::from_millis(50), start);
         let mut now = start;
         for _ in 0..windows {
             for _ in 0..per_window {
@@ -478,7 +655,7 @@ mod tests {
         let snap = gate.snapshot();
         let budget = snap.budget_per_sec.unwrap_or_else(|| panic!("shut: {snap:?}")) / 10.0;
         // Then, in one window, 500 requests each claiming a tenant never seen before.
-        let passed = (1000..1500u64).filter(|&k| gate.pass(Some(k), now)).count();
+        let passed = (1000..1500u64).filter(|&k| gate.pass(Some(k), now) != Verdict::Refuse).count();
         #[allow(clippy::cast_precision_loss)]
         let passed = passed as f64;
         assert!(passed <= budget * BACKSTOP + 1.0, "{passed} passed with a budget of {budget} a window");

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::config::Mode;
 use crate::config::{AdmissionConfig, ClassConfig, ClassId, ConfigError};
 use crate::controller::{Controller, WindowSummary};
-use crate::cpu::{CpuGate, CpuMeter};
+use crate::cpu::{CpuGate, CpuMeter, Verdict};
 use crate::histogram::Histogram;
 use crate::queue::{FairQueue, Outcome, Waiter};
 use crate::refusal::{Refusal, RefusalReason, retry_after};
@@ -110,6 +110,8 @@ impl Window {
 pub(crate) enum Decision {
     Admit(SlotGuard),
     Wait(Ticket, Instant),
+    /// Held by the CPU gate until then; then [`Admission::enter`] the class.
+    Pace(Instant),
     Refuse(Refusal),
 }
 
@@ -132,7 +134,7 @@ impl Admission {
         let now = Instant::now();
         let cpu = meter
             .filter(|m| config.mode == Mode::Adaptive && config.cpu_target > 0.0 && m.cores() > 0.0)
-            .map(|m| CpuGate::new(m, config.cpu_target, config.cpu_window, now));
+            .map(|m| CpuGate::new(m, config.cpu_target, config.cpu_window, config.cpu_pace, now));
         let classes = config
             .classes
             .iter()
@@ -218,25 +220,42 @@ impl Admission {
         }
     }
 
-    /// The door: admit now, queue, or refuse. Never blocks beyond the class lock.
+    /// The door: admit now, queue, hold (the CPU gate's pacing), or refuse. Never blocks beyond
+    /// the class and gate locks.
     pub(crate) fn admit(
         &self,
         id: ClassId,
         tenant: Option<u64>,
         client_timeout: impl FnOnce() -> Option<Duration>,
     ) -> Decision {
+        let now = Instant::now();
+        if let Some(gate) = &self.shared.cpu {
+            match gate.pass(tenant, now) {
+                Verdict::Pass => {}
+                Verdict::Hold(until) => return Decision::Pace(until),
+                Verdict::Refuse => {
+                    // Not counted in the class's window: its pressure (offered / admitted)
+                    // measures the class's own overload, which the gate's refusals are not.
+                    let (id, class) = self.class(id);
+                    let mut st = lock(&class.state);
+                    st.shed.cpu_quota += 1;
+                    return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
+                }
+            }
+        }
+        self.enter(id, tenant, now, client_timeout)
+    }
+
+    /// Past the CPU gate: the class's limit and queue. Admit, queue or refuse; never [`Decision::Pace`].
+    pub(crate) fn enter(
+        &self,
+        id: ClassId,
+        tenant: Option<u64>,
+        now: Instant,
+        client_timeout: impl FnOnce() -> Option<Duration>,
+    ) -> Decision {
         let cfg = &self.shared.config;
         let (id, class) = self.class(id);
-        let now = Instant::now();
-        if let Some(gate) = &self.shared.cpu
-            && !gate.pass(tenant, now)
-        {
-            // Not counted in the class's window: its pressure (offered / admitted) measures the
-            // class's own overload, which the gate's refusals are not.
-            let mut st = lock(&class.state);
-            st.shed.cpu_quota += 1;
-            return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
-        }
         let mut st = lock(&class.state);
         st.window.arrivals += 1;
         if st.in_flight < st.controller.limit() && st.queue.is_empty() {

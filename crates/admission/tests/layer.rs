@@ -513,7 +513,8 @@ async fn saturate(a: &Admission, used_us: &std::sync::atomic::AtomicU64, windows
 async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
     let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
-    let cfg = AdmissionConfig { cpu_target: 0.95, ..AdmissionConfig::default() };
+    // Refusing at once (no pacing): the heavy tenant's excess is refused.
+    let cfg = AdmissionConfig { cpu_target: 0.95, cpu_pace: Duration::ZERO, ..AdmissionConfig::default() };
     let a = Admission::with_cpu(cfg, Some(meter)).unwrap_or_else(|e| panic!("{e}"));
     let refused = saturate(&a, &used, 20).await;
     assert!(refused[0] > 20, "the heavy tenant is refused: {refused:?}");
@@ -540,4 +541,68 @@ async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
     let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
     let a = Admission::with_cpu(AdmissionConfig::default(), Some(meter)).unwrap_or_else(|e| panic!("{e}"));
     assert!(a.snapshot().cpu.is_none());
+}
+
+/// `windows` windows of 100 ms under a gate with the given pace, each with 18 requests from
+/// tenant 1 and 2 from tenant 2 sent at once, and the whole quota used. Returns, per tenant,
+/// the 503s and the 200s, and the longest a 200 took.
+async fn saturate_at_once(pace: Duration, windows: u32) -> ([u32; 2], [u32; 2], Duration, Admission) {
+    let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
+    let cfg = AdmissionConfig { cpu_target: 0.95, cpu_pace: pace, ..AdmissionConfig::default() };
+    let a = Admission::with_cpu(cfg, Some(meter)).unwrap_or_else(|e| panic!("{e}"));
+    let gate = Gate::new();
+    gate.open.add_permits(100_000);
+    let svc = admitted(&a, gate);
+    let (mut refused, mut ok, mut slowest) = ([0u32; 2], [0u32; 2], Duration::ZERO);
+    for _ in 0..windows {
+        let calls: Vec<_> = (0..20u64)
+            .map(|i| {
+                let tenant = if i < 18 { 1 } else { 2 };
+                let svc = svc.clone();
+                tokio::spawn(async move {
+                    let start = tokio::time::Instant::now();
+                    let (code, refusal) = status(svc, request("/", Some(tenant))).await;
+                    (tenant, code, refusal, start.elapsed())
+                })
+            })
+            .collect();
+        run_pending().await;
+        used.fetch_add(25_000, Ordering::SeqCst);
+        // A millisecond at a time, so a held request wakes when its hold ends.
+        for _ in 0..100 {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            run_pending().await;
+        }
+        for call in calls {
+            let (tenant, code, refusal, took) = call.await.unwrap_or_else(|e| panic!("{e}"));
+            let i = usize::try_from(tenant - 1).unwrap_or(0);
+            if code == StatusCode::OK {
+                ok[i] += 1;
+                slowest = slowest.max(took);
+            } else {
+                assert_eq!(refusal.map(|r| r.reason), Some(RefusalReason::CpuQuota));
+                refused[i] += 1;
+            }
+        }
+    }
+    (refused, ok, slowest, a)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cpu_gate_holds_a_heavy_tenant_up_to_its_pace_before_refusing() {
+    let pace = Duration::from_millis(50);
+    let (refused, ok, slowest, a) = saturate_at_once(pace, 30).await;
+    let cpu = a.snapshot().cpu.unwrap_or_else(|| panic!("a CPU gate"));
+    assert!(cpu.held_total > 0, "the heavy tenant's excess is held first: {cpu:?}");
+    assert_eq!(cpu.max_hold_ms, 50.0);
+    assert_eq!(refused[1], 0, "the light tenant is neither refused...");
+    assert!(slowest <= pace + Duration::from_millis(1), "...nor any request held past the pace: {slowest:?}");
+    assert!(refused[0] > 0, "past a pace's worth of held requests, the heavy tenant is refused: {ok:?}");
+    assert_eq!(cpu.refused_total, u64::from(refused[0]));
+    // Refusing at once instead, the same load: more of it refused, nothing held.
+    let (refused_at_once, _, _, a) = saturate_at_once(Duration::ZERO, 30).await;
+    let cpu = a.snapshot().cpu.unwrap_or_else(|| panic!("a CPU gate"));
+    assert_eq!(cpu.held_total, 0);
+    assert!(refused_at_once[0] > refused[0], "{refused_at_once:?} refused at once against {refused:?} paced");
 }

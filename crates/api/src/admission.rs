@@ -49,6 +49,11 @@ pub struct AdmissionSettings {
     /// trades throughput for refusal latency and tenant isolation). Without a quota, no gate.
     #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.0)]
     pub cpu_target: f64,
+    /// The longest the CPU gate holds a request of a tenant over its share, pacing it, before it
+    /// refuses instead (milliseconds; 0: refuse at once). Callers that wait for each answer are
+    /// slowed to their share instead of refused.
+    #[arg(long = "admission-cpu-pace-ms", env = "ADMISSION_CPU_PACE_MS", default_value_t = 50)]
+    pub cpu_pace_ms: u64,
     /// The CPU quota in cores, used instead of the quota read from the process's cgroup (on ECS
     /// Fargate the task's limit can sit on a parent group the container cannot see). Default:
     /// read it.
@@ -127,6 +132,7 @@ impl AdmissionSettings {
             mode: self.mode,
             algorithm: self.algorithm,
             cpu_target: self.cpu_target,
+            cpu_pace: Duration::from_millis(self.cpu_pace_ms),
             classes: vec![class("default")],
             ..Default::default()
         };

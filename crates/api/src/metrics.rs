@@ -137,6 +137,7 @@ struct LiveGauges {
     admission_p95_ms: Family<ClassLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     admission_cpu_utilization: Gauge<f64, std::sync::atomic::AtomicU64>,
     admission_cpu_gate_shut: Gauge,
+    admission_cpu_held: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -262,6 +263,11 @@ impl Metrics {
             "1 while the CPU gate refuses work, 0 when open (-1: no CPU gate)",
             g.admission_cpu_gate_shut.clone(),
         );
+        registry.register(
+            "admission_cpu_held",
+            "Requests the CPU gate held (paced) before letting them through, since start (-1: no CPU gate)",
+            g.admission_cpu_held.clone(),
+        );
         let jobs = JobGauges::default();
         register_jobs(&mut registry, &jobs);
         let runtime = RuntimeSeries::default();
@@ -317,6 +323,7 @@ impl Metrics {
         let admission = state.admission.snapshot();
         g.admission_cpu_utilization.set(admission.cpu.as_ref().map_or(-1.0, |c| c.utilization));
         g.admission_cpu_gate_shut.set(admission.cpu.as_ref().map_or(-1, |c| i64::from(c.shut)));
+        g.admission_cpu_held.set(admission.cpu.as_ref().map_or(-1, |c| to_i64(c.held_total)));
         for c in admission.classes {
             let class = ClassLabel { class: c.name.clone() };
             g.admission_limit.get_or_create(&class).set(c.limit.map_or(-1, usize_i64));
