@@ -167,8 +167,9 @@ pub struct AdmissionConfig {
     /// first, so the process is seldom frozen by the quota (see `docs/ADMISSION.md`, "The CPU
     /// gate"). Only in adaptive mode, and only with a [`CpuMeter`](crate::CpuMeter) given to
     /// [`Admission::with_cpu`](crate::Admission::with_cpu). Default 0: no gate. It trades
-    /// throughput for refusal latency and tenant isolation, and fails clients that retry at once
-    /// (docs/ADMISSION.md has the measurements); 0.95 is the value measured.
+    /// throughput for refusal latency and tenant isolation, and it paces clients that retry at
+    /// once only while all of a tenant's callers fit in [`Self::cpu_pace`] (docs/ADMISSION.md has
+    /// the measurements); 0.95 is the value measured.
     pub cpu_target: f64,
     /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
     pub cpu_window: Duration,
