@@ -95,7 +95,8 @@ const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
 fn cpu_target(variant: &str) -> Option<(f64, Option<u64>)> {
     let rest = variant.strip_prefix(CPU_TARGET_VARIANT)?;
     let (target, pace) = match rest.split_once("-pace-") {
-        Some((target, pace)) => (target, Some(pace.parse().ok()?)),
+        // The API takes a pace of at most a second.
+        Some((target, pace)) => (target, Some(pace.parse().ok().filter(|p| *p <= 1000)?)),
         None => (rest, None),
     };
     let target: f64 = target.parse().ok()?;
@@ -1146,6 +1147,7 @@ mod tests {
         assert_eq!(cpu_target("adaptive-cpu-0"), Some((0.0, None)));
         assert_eq!(cpu_target("adaptive-cpu-0.95-pace-0"), Some((0.95, Some(0))));
         assert_eq!(cpu_target("adaptive-cpu-0.95-pace-x"), None);
+        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-2000"), None);
         assert_eq!(cpu_target("adaptive-cpu-1.5"), None);
         assert_eq!(cpu_target("adaptive"), None);
         let mut plan = Plan::new(false);

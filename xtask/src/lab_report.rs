@@ -1088,7 +1088,8 @@ const COLORS: [RGBColor; 6] = [
 
 /// A variant's colour: fixed for off, static and adaptive; an `adaptive-cpu-T` variant's follows
 /// its target (hundredths, modulo three; one more with a `-pace-MS`), so it keeps its colour from
-/// chart to chart and the variants measured (0, 0.85, 0.95, 0.95 with a pace) differ.
+/// chart to chart. The variants measured together differ: 0, 0.85 and 0.95; 0.95 and
+/// 0.95-pace-0 (which shares 0's colour, never measured beside it).
 fn color(name: &str) -> RGBColor {
     match name {
         "off" => COLORS[0],

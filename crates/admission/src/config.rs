@@ -171,12 +171,13 @@ pub struct AdmissionConfig {
     /// once only while all of a tenant's callers fit in [`Self::cpu_pace`] (docs/ADMISSION.md has
     /// the measurements); 0.95 is the value measured.
     pub cpu_target: f64,
-    /// How often the CPU gate reads the meter and decides again. Default 100 ms, the CFS period.
+    /// How often the CPU gate reads the meter and decides again (10 ms to 10 s). Default 100 ms,
+    /// the CFS period.
     pub cpu_window: Duration,
     /// The longest the CPU gate holds a request of a tenant over its share, to pace it, before
     /// refusing instead. A caller that waits for each answer (a closed loop) is slowed to its
     /// share rather than refused and straight back; an open-loop flood is refused past a pace's
-    /// worth of held requests. Default 50 ms; 0 refuses at once.
+    /// worth of held requests. Default 50 ms, at most 1 s; 0 refuses at once.
     pub cpu_pace: Duration,
     /// Route classes; the classifier returns an index into this list. Never empty: the first is
     /// [`ClassId::DEFAULT`]. Default: one class named `default`.
@@ -236,8 +237,8 @@ impl AdmissionConfig {
         if !(0.0..=1.0).contains(&self.cpu_target) {
             return Err(ConfigError("cpu_target must be in [0, 1] (0: no CPU gate)".into()));
         }
-        if self.cpu_window < Duration::from_millis(10) {
-            return Err(ConfigError("cpu_window must be at least 10 ms".into()));
+        if self.cpu_window < Duration::from_millis(10) || self.cpu_window > Duration::from_secs(10) {
+            return Err(ConfigError("cpu_window must be between 10 ms and 10 s".into()));
         }
         if self.cpu_pace > Duration::from_secs(1) {
             return Err(ConfigError("cpu_pace must be at most 1 s (a hold is added to the request's latency)".into()));
@@ -294,6 +295,11 @@ mod tests {
         cfg.cpu_target = 1.5;
         assert!(cfg.validate().is_err());
         cfg.cpu_target = 0.95;
+        for (window, pace, ok) in [(100, 50, true), (5, 50, false), (20_000, 50, false), (100, 1_500, false)] {
+            cfg.cpu_window = Duration::from_millis(window);
+            cfg.cpu_pace = Duration::from_millis(pace);
+            assert_eq!(cfg.validate().is_ok(), ok, "window {window} ms, pace {pace} ms");
+        }
         cfg.classes[0].min_limit = 50;
         assert!(cfg.validate().is_err());
         cfg.classes.clear();

@@ -9,12 +9,13 @@
 //! it under `cpu_target` of the quota, so the process is not frozen and answers, including its
 //! refusals, stay fast.
 //!
-//! How: once a window's CPU use is over the target, the gate allows a budget of requests per
-//! window, lowered in proportion to the overshoot and raised by at most 10% a window while under
-//! it (steering by the mean of the last windows' use); once demand has fitted in the budget for
-//! ten windows the gate opens. The budget is shared between
-//! tenants max-min fairly (water filling over each tenant's arrival rate): a tenant asking for
-//! less than the level passes whole, the heavier ones are refused the rest. The budget never
+//! How: once two windows in a row have used more than the target, the gate shuts: it allows a
+//! budget of requests per window, lowered in proportion to the overshoot and raised by at most 10%
+//! a window while under it (steering by the mean of the last windows' use); once demand has
+//! fitted in the budget for ten windows the gate opens. The budget is shared between tenants
+//! max-min fairly (water filling over each tenant's arrival rate), and each tenant is paced at
+//! the water level: a tenant asking for less passes whole, a heavier one has its excess held
+//! (up to `cpu_pace`) until its turn, and refused past that. The budget never
 //! goes below half of what fits under the target at the CPU cost per request measured while the
 //! gate was open: past that, the CPU goes on refusals (which the gate cannot make cheaper) and
 //! refusing more would only lose goodput.
@@ -59,12 +60,14 @@ const MAX_TENANTS: usize = 4096;
 const RESET_GAP: u32 = 5;
 /// While shut, the burst a tenant may send at once on top of its pace, in windows of its share.
 /// Small: a burst is held (paced) rather than refused, and the bursts of all tenants together
-/// stay under the backstop.
+/// mostly stay under the backstop.
 const BURST: f64 = 0.2;
 /// While shut, what passes (or is held) in one window never exceeds the budget by more than this
 /// factor, whatever the shares say (tenants new to the table have no rate yet, and claims are
 /// unverified: a client changing its claim every window must not walk around the gate). Above
-/// `1 + BURST`, so tenants on their schedules never reach it.
+/// `1 + BURST`, so tenants on their schedules seldom reach it: only when the level is a few
+/// requests a window, where whole requests round up and tenants that started in the same window
+/// stay in phase.
 const BACKSTOP: f64 = 1.25;
 
 pub(crate) struct CpuGate {
@@ -106,9 +109,10 @@ impl Tenant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
     Pass,
-    /// Pass at this instant: the tenant is over its share, and holding it this long (at most
-    /// `cpu_pace`) puts it back on its schedule. A caller that waits for its answer before
-    /// sending again is slowed to its share rather than refused.
+    /// Pass at this instant, when the tenant's schedule has room for it: it came early, past its
+    /// burst (a heavy tenant over its share, or a light one's burst). It is held at most
+    /// `cpu_pace`, and never past the client's deadline. A caller that waits for its answer
+    /// before sending again is slowed to its share rather than refused.
     Hold(Instant),
     Refuse,
 }
@@ -147,7 +151,7 @@ pub struct CpuSnapshot {
     pub target: f64,
     /// CPU used in the last window, as a share of the quota.
     pub utilization: f64,
-    /// Whether the gate is refusing now.
+    /// Whether the gate is shut now (pacing tenants at their shares, refusing past them).
     pub shut: bool,
     /// While shut: requests per second it lets through.
     pub budget_per_sec: Option<f64>,
@@ -160,8 +164,8 @@ pub struct CpuSnapshot {
     pub refused_total: u64,
     /// Requests the gate held (paced) before letting them through, since start.
     pub held_total: u64,
-    /// The longest it holds one, milliseconds (0: it refuses instead).
-    pub max_hold_ms: f64,
+    /// The configured pace: the longest it holds one, milliseconds (0: it refuses instead).
+    pub pace_ms: f64,
 }
 
 impl CpuGate {
@@ -195,14 +199,21 @@ impl CpuGate {
     }
 
     /// Whether a request of `tenant` may go on to the class's limit and queue: now, after a
-    /// hold, or not at all.
+    /// hold, or not at all. `deadline` reads the client's deadline, only if the request would be
+    /// held.
     ///
     /// While shut, each tenant is paced at the water level's rate (a GCRA: a fifth of a window's
     /// share may pass at once, the rest on schedule). A request ahead of its tenant's schedule by
-    /// up to `pace` is held until its turn; further ahead, refused. An open-loop flood is refused at
-    /// once, beyond a pace's worth of held requests; a caller that waits for each answer is held
-    /// a few milliseconds instead of being refused and coming straight back.
-    pub(crate) fn pass(&self, tenant: Option<u64>, now: Instant) -> Verdict {
+    /// up to `pace` (and by less than its deadline) is held until its turn; further ahead,
+    /// refused. An open-loop flood is refused at once, beyond a pace's worth of held requests; a
+    /// caller that waits for each answer is held a few milliseconds instead of being refused and
+    /// coming straight back.
+    pub(crate) fn pass(
+        &self,
+        tenant: Option<u64>,
+        now: Instant,
+        deadline: impl FnOnce() -> Option<Duration>,
+    ) -> Verdict {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         if now.saturating_duration_since(st.last_tick) >= self.window {
@@ -222,11 +233,21 @@ impl CpuGate {
         } else {
             Duration::ZERO
         };
+        let burst = self.window.mul_f64(BURST);
+        // A schedule left from a lower level (further ahead than a full burst, a full pace and
+        // one request at today's spacing, where today's schedule cannot reach) is forgiven down
+        // to the end of the pace, so the tenant is not locked out once the level rises.
+        let limit = now + burst + self.pace;
+        if t.tat > limit + spacing {
+            t.tat = limit;
+        }
         let tat = t.tat.max(now);
-        let early = (tat - now).saturating_sub(self.window.mul_f64(BURST));
+        let early = (tat - now).saturating_sub(burst);
+        // Held past the pace, or until the client has given up: refused now instead.
+        let too_early = !early.is_zero() && (early > self.pace || deadline().is_some_and(|d| early >= d));
         // The backstop counts requests in the window they go on in: a held one's may be the next.
         let released = slot(&mut st.released, self.window_of(st.last_tick, now + early));
-        let verdict = if early > self.pace || f64::from(*released) >= budget * BACKSTOP {
+        let verdict = if too_early || f64::from(*released) >= budget * BACKSTOP {
             Verdict::Refuse
         } else {
             *released += 1;
@@ -267,12 +288,10 @@ impl CpuGate {
         }
         // Counts per window of nominal length, whatever this one lasted.
         let scale = self.window.as_secs_f64() / dt.as_secs_f64().max(1e-9);
-        // What went on in the window that ended; the windows a gap skipped are gone too.
-        let passed = f64::from(st.released.pop_front().unwrap_or(0)) * scale;
-        let windows = dt.as_nanos() / self.window.as_nanos().max(1);
-        for _ in 1..windows.min(1024) {
-            st.released.pop_front();
-        }
+        // What went on in the windows that ended (one, or a few after a gap), per window.
+        let windows = (dt.as_nanos() / self.window.as_nanos().max(1)).clamp(1, 1024);
+        let went_on: u32 = (0..windows).map_while(|_| st.released.pop_front()).sum();
+        let passed = f64::from(went_on) * scale;
         let done = self.completed.swap(0, Ordering::Relaxed);
         let mut demand = 0.0;
         for t in st.tenants.values_mut() {
@@ -285,6 +304,7 @@ impl CpuGate {
             // Idle for a while: whatever was true before is stale.
             st.budget = None;
             st.calm = 0;
+            st.over = 0;
             return;
         }
         let Some(used) = used else { return };
@@ -308,7 +328,8 @@ impl CpuGate {
         }
         let floor =
             st.cost.map_or(1.0, |c| (FLOOR * self.target * self.cores * self.window.as_secs_f64() / c).max(1.0));
-        st.over = if st.utilization > self.target { st.over + 1 } else { 0 };
+        st.over = if st.utilization > self.target { st.over.saturating_add(1) } else { 0 };
+        let was_shut = st.budget.is_some();
         if u > self.target && (st.budget.is_some() || st.over >= SHUT_AFTER) {
             st.calm = 0;
             // From the budget, unless demand fell well under it (then from what passed).
@@ -319,9 +340,9 @@ impl CpuGate {
             st.calm = if demand <= grown { st.calm + 1 } else { 0 };
             st.budget = if st.calm >= CALM_WINDOWS { None } else { Some(grown.max(floor)) };
         }
-        if st.budget.is_some() {
-            // A tick late by a few windows (no request came) counts them all.
-            st.shut_windows += u64::try_from(windows.max(1)).unwrap_or(u64::MAX);
+        if was_shut {
+            // The windows that ended shut; a tick late by a few (no request came) counts them all.
+            st.shut_windows += u64::try_from(windows).unwrap_or(u64::MAX);
         }
         st.level = share(st.budget, &st.tenants);
     }
@@ -343,7 +364,7 @@ impl CpuGate {
             shut_windows: st.shut_windows,
             refused_total: st.refused,
             held_total: st.held,
-            max_hold_ms: self.pace.as_secs_f64() * 1e3,
+            pace_ms: self.pace.as_secs_f64() * 1e3,
         }
     }
 }
@@ -413,7 +434,7 @@ mod tests {
         let t = tenants(&[90.0, 2.0, 2.0, 2.0]);
         assert!((share(Some(30.0), &t) - 24.0).abs() < 1e-9);
         // A budget over the demand limits nobody: the rest goes on top of the highest rate
-        // (96 = 90 + (200 - 96) / 4 rounded: 90 + 26). An open gate limits nobody either.
+        // (116 = 90 + (200 - 96) / 4). An open gate limits nobody either.
         assert!((share(Some(200.0), &t) - 116.0).abs() < 1e-9);
         assert!(share(None, &t).is_infinite());
         // Equal tenants over the budget share it equally.
@@ -502,7 +523,7 @@ mod tests {
                 owed[i] += rate / 1000.0;
                 while owed[i] >= 1.0 {
                     owed[i] -= 1.0;
-                    match gate.pass(Some(i as u64), now) {
+                    match gate.pass(Some(i as u64), now, || None) {
                         Verdict::Pass => serve(&mut cpu, i),
                         Verdict::Hold(at) => held.push((at, i)),
                         Verdict::Refuse => {
@@ -546,7 +567,7 @@ mod tests {
                 if hold[c].take().is_some() {
                     work[c] = Some((cost.as_secs_f64(), true));
                 }
-                let (left, pass) = *work[c].get_or_insert_with(|| match gate.pass(Some(1), now) {
+                let (left, pass) = *work[c].get_or_insert_with(|| match gate.pass(Some(1), now, || None) {
                     Verdict::Pass => (cost.as_secs_f64(), true),
                     Verdict::Refuse => (20e-6, false),
                     Verdict::Hold(at) => {
@@ -649,12 +670,12 @@ mod tests {
         let mut now = start;
         for _ in 0..windows {
             for _ in 0..per_window {
-                gate.pass(Some(1), now);
+                gate.pass(Some(1), now, || None);
             }
             meter.used_us.fetch_add(25_000, Ordering::Relaxed);
             now += Duration::from_millis(100);
         }
-        gate.pass(Some(1), now);
+        gate.pass(Some(1), now, || None);
         (meter, gate, now)
     }
 
@@ -665,7 +686,7 @@ mod tests {
         let snap = gate.snapshot();
         let budget = snap.budget_per_sec.unwrap_or_else(|| panic!("shut: {snap:?}")) / 10.0;
         // Then, in one window, 500 requests each claiming a tenant never seen before.
-        let passed = (1000..1500u64).filter(|&k| gate.pass(Some(k), now) != Verdict::Refuse).count();
+        let passed = (1000..1500u64).filter(|&k| gate.pass(Some(k), now, || None) != Verdict::Refuse).count();
         #[allow(clippy::cast_precision_loss)]
         let passed = passed as f64;
         assert!(passed <= budget * BACKSTOP + 1.0, "{passed} passed with a budget of {budget} a window");
@@ -681,7 +702,7 @@ mod tests {
         for _ in 0..30 {
             now += Duration::from_millis(100);
             meter.used_us.fetch_add(2_000, Ordering::Relaxed);
-            gate.pass(Some(1), now);
+            gate.pass(Some(1), now, || None);
         }
         let snap = gate.snapshot();
         assert!(!snap.shut, "{snap:?}");
@@ -689,15 +710,70 @@ mod tests {
         for shut in [false, true] {
             meter.used_us.fetch_add(25_000, Ordering::Relaxed);
             for _ in 0..20 {
-                gate.pass(Some(1), now);
+                gate.pass(Some(1), now, || None);
             }
             now += Duration::from_millis(100);
-            gate.pass(Some(1), now);
+            gate.pass(Some(1), now, || None);
             assert_eq!(gate.snapshot().shut, shut);
         }
         // A long idle gap resets it at once.
         now += Duration::from_secs(2);
-        gate.pass(Some(1), now);
+        gate.pass(Some(1), now, || None);
         assert!(!gate.snapshot().shut, "after an idle gap the gate is open");
+    }
+
+    #[test]
+    fn a_schedule_left_from_a_low_level_does_not_lock_a_tenant_out() {
+        let (_, gate, now) = overloaded(10, 100);
+        // One request a hundred windows: a tenant's schedule moves ten seconds per request.
+        lock(&gate.state).level = 0.01;
+        assert_eq!(gate.pass(Some(7), now, || None), Verdict::Pass);
+        // The level rises (the budget grew, or other tenants left): the tenant is held a pace at
+        // most, not refused for the ten seconds its old schedule says.
+        lock(&gate.state).level = 50.0;
+        let later = now + Duration::from_millis(5);
+        assert!(matches!(gate.pass(Some(7), later, || None), Verdict::Hold(at) if at <= later + gate.pace));
+        // ...and its schedule then runs at the new level: straight after, it is ahead by more
+        // than the pace, and refused.
+        assert_eq!(gate.pass(Some(7), later, || None), Verdict::Refuse);
+    }
+
+    #[test]
+    fn a_request_is_not_held_past_its_clients_deadline() {
+        let (_, gate, now) = overloaded(10, 100);
+        lock(&gate.state).level = 50.0; // 2 ms apart, a burst of 10
+        let mut verdicts = Vec::new();
+        for _ in 0..30 {
+            verdicts.push(gate.pass(Some(7), now, || Some(Duration::from_millis(10))));
+        }
+        let held: Vec<Duration> =
+            verdicts.iter().filter_map(|v| if let Verdict::Hold(at) = v { Some(*at - now) } else { None }).collect();
+        assert!(!held.is_empty(), "{verdicts:?}");
+        assert!(held.iter().all(|h| *h < Duration::from_millis(10)), "held past the deadline: {held:?}");
+        assert!(verdicts.contains(&Verdict::Refuse), "past the deadline, refused: {verdicts:?}");
+        // Without a deadline, the same requests are held up to the pace.
+        let (_, gate, now) = overloaded(10, 100);
+        lock(&gate.state).level = 50.0;
+        let longest = (0..30)
+            .filter_map(
+                |_| if let Verdict::Hold(at) = gate.pass(Some(7), now, || None) { Some(at - now) } else { None },
+            )
+            .max();
+        assert!(longest.is_some_and(|h| h > Duration::from_millis(10)), "{longest:?}");
+    }
+
+    #[test]
+    fn one_window_over_the_target_before_an_idle_gap_does_not_count_towards_shutting() {
+        let meter = Arc::new(Fake { cores: 0.25, used_us: AtomicU64::new(0) });
+        let mut now = Instant::now();
+        let gate = CpuGate::new(meter.clone(), 0.85, Duration::from_millis(100), Duration::from_millis(50), now);
+        gate.pass(Some(1), now, || None);
+        // A window over the target, then a second of nothing, then another window over it.
+        for gap in [Duration::from_millis(100), Duration::from_secs(1), Duration::from_millis(100)] {
+            meter.used_us.fetch_add(25_000, Ordering::Relaxed);
+            now += gap;
+            gate.pass(Some(1), now, || None);
+        }
+        assert!(!gate.snapshot().shut, "two windows over the target, but not in a row");
     }
 }

@@ -128,8 +128,8 @@ where
                 // Keep the service that was made ready for this request; leave a clone behind.
                 let clone = self.inner.clone();
                 let svc = std::mem::replace(&mut self.inner, clone);
-                let entry = Entry { admission: self.admission.clone(), class, tenant, since: Instant::now() };
-                ResponseFuture { state: State::after(decision, entry, svc, req) }
+                let entry = || Entry { admission: self.admission.clone(), class, tenant, since: Instant::now() };
+                ResponseFuture { state: State::after(decision, svc, req, entry) }
             }
         }
     }
@@ -188,8 +188,9 @@ impl<F, S, B> State<F, S, B>
 where
     S: Service<Request<B>, Future = F>,
 {
-    /// The state a decision puts a request in, given the service made ready for it.
-    fn after(decision: Decision, entry: Entry, mut svc: S, req: Request<B>) -> Self {
+    /// The state a decision puts a request in, given the service made ready for it (`entry`
+    /// only for a hold).
+    fn after(decision: Decision, mut svc: S, req: Request<B>, entry: impl FnOnce() -> Entry) -> Self {
         match decision {
             Decision::Admit(guard) => State::Calling { fut: svc.call(req), guard: Some(guard) },
             Decision::Refuse(refusal) => State::Refused { refusal },
@@ -201,7 +202,7 @@ where
             },
             Decision::Pace(until) => State::Pacing {
                 sleep: Box::pin(tokio::time::sleep_until(until)),
-                entry,
+                entry: entry(),
                 svc: Some(svc),
                 req: Some(req),
             },
@@ -243,8 +244,9 @@ where
                     let held = now.saturating_duration_since(entry.since);
                     let timeout = || client_timeout(req.headers()).map(|t| t.saturating_sub(held));
                     let decision = entry.admission.enter(entry.class, entry.tenant, now, timeout);
-                    let entry = entry.clone();
-                    state.set(State::after(decision, entry, svc, req));
+                    // `enter` never holds: the entry is not needed again.
+                    let next = State::after(decision, svc, req, || entry.clone());
+                    state.set(next);
                 }
                 StateProj::Waiting { sleep, ticket, svc, req } => {
                     let outcome = match ticket.poll(cx) {

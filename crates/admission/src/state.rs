@@ -229,8 +229,13 @@ impl Admission {
         client_timeout: impl FnOnce() -> Option<Duration>,
     ) -> Decision {
         let now = Instant::now();
+        // The deadline header is read at most once: by the gate if it would hold the request,
+        // or by the class if it cannot go straight in.
+        let mut unread = Some(client_timeout);
+        let mut read: Option<Option<Duration>> = None;
+        let mut client_timeout = || *read.get_or_insert_with(|| unread.take().and_then(|f| f()));
         if let Some(gate) = &self.shared.cpu {
-            match gate.pass(tenant, now) {
+            match gate.pass(tenant, now, &mut client_timeout) {
                 Verdict::Pass => {}
                 Verdict::Hold(until) => return Decision::Pace(until),
                 Verdict::Refuse => {

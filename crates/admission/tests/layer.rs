@@ -595,10 +595,13 @@ async fn the_cpu_gate_holds_a_heavy_tenant_up_to_its_pace_before_refusing() {
     let (refused, ok, slowest, a) = saturate_at_once(pace, 30).await;
     let cpu = a.snapshot().cpu.unwrap_or_else(|| panic!("a CPU gate"));
     assert!(cpu.held_total > 0, "the heavy tenant's excess is held first: {cpu:?}");
-    assert_eq!(cpu.max_hold_ms, 50.0);
+    assert_eq!(cpu.pace_ms, 50.0, "the snapshot publishes the pace");
     assert_eq!(refused[1], 0, "the light tenant is neither refused...");
     assert!(slowest <= pace + Duration::from_millis(1), "...nor any request held past the pace: {slowest:?}");
-    assert!(refused[0] > 0, "past a pace's worth of held requests, the heavy tenant is refused: {ok:?}");
+    assert!(
+        refused[0] > 0,
+        "past a pace's worth of held requests, the heavy tenant is refused: {refused:?}, served {ok:?}"
+    );
     assert_eq!(cpu.refused_total, u64::from(refused[0]));
     // Refusing at once instead, the same load: more of it refused, nothing held.
     let (refused_at_once, _, _, a) = saturate_at_once(Duration::ZERO, 30).await;
