@@ -226,8 +226,8 @@ impl CpuGate {
             *slot(&mut st.released, 0) += 1;
             return Verdict::Pass;
         };
-        // One request's share of the schedule (none while the budget covers every tenant; a
-        // level under one request a window spaces them more than a window apart).
+        // One request's share of the schedule (none if the last share found no tenant to share
+        // with; a level under one request a window spaces them more than a window apart).
         let spacing = if st.level.is_finite() {
             self.window.mul_f64(1.0 / st.level.max(1e-3)).min(self.window * 1000)
         } else {
