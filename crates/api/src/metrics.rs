@@ -260,7 +260,7 @@ impl Metrics {
         );
         registry.register(
             "admission_cpu_gate_shut",
-            "1 while the CPU gate refuses work, 0 when open (-1: no CPU gate)",
+            "1 while the CPU gate is shut (pacing and refusing the heaviest tenants), 0 when open (-1: no CPU gate)",
             g.admission_cpu_gate_shut.clone(),
         );
         registry.register(
