@@ -92,7 +92,7 @@ const VARIANTS: [&str; 4] = ["off", "static", "adaptive", "adaptive-cpu-0.95"];
 const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
 
 /// The CPU target of an `adaptive-cpu-T[-pace-MS]` variant, and its pace if given.
-fn cpu_target(variant: &str) -> Option<(f64, Option<u64>)> {
+pub(crate) fn cpu_target(variant: &str) -> Option<(f64, Option<u64>)> {
     let rest = variant.strip_prefix(CPU_TARGET_VARIANT)?;
     let (target, pace) = match rest.split_once("-pace-") {
         // The API takes a pace of at most a second.

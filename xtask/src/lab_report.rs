@@ -11,7 +11,7 @@ use breakwater_loadlab::html::{RGBColor, Series, chart};
 use breakwater_loadlab::report::{Report, StepReport};
 use serde::{Deserialize, Serialize};
 
-use crate::lab::Plan;
+use crate::lab::{Plan, cpu_target};
 use crate::pinned::Stats;
 
 /// Bumped when a field of `lab.json` changes meaning.
@@ -1096,11 +1096,9 @@ fn color(name: &str) -> RGBColor {
         "static" => COLORS[1],
         "adaptive" => COLORS[2],
         other => {
-            let rest = other.strip_prefix("adaptive-cpu-").unwrap_or(other);
-            let (target, pace) = rest.split_once("-pace-").unwrap_or((rest, ""));
-            let hundredths = target.parse::<f64>().unwrap_or(0.0) * 100.0;
+            let (target, pace) = cpu_target(other).unwrap_or((0.0, None));
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let i = hundredths.round().max(0.0) as usize + usize::from(!pace.is_empty());
+            let i = (target * 100.0).round().max(0.0) as usize + usize::from(pace.is_some());
             COLORS[3 + i % 3]
         }
     }
