@@ -114,7 +114,14 @@ pub(crate) enum Verdict {
     /// `cpu_pace`, and never past the client's deadline. A caller that waits for its answer
     /// before sending again is slowed to its share rather than refused.
     Hold(Instant),
+    /// Over its share past the pace, or over the backstop: `cpu_quota`.
     Refuse,
+    /// Its turn comes within the pace, but not before the client's deadline: refused now, as a
+    /// `deadline` refusal, rather than held for an answer nobody waits for.
+    Late {
+        wait: Duration,
+        timeout: Duration,
+    },
 }
 
 struct GateState {
@@ -160,7 +167,8 @@ pub struct CpuSnapshot {
     pub cost_per_request_us: Option<f64>,
     /// Windows spent shut since start.
     pub shut_windows: u64,
-    /// Refusals by the gate since start (also counted as `cpu_quota` in the class totals).
+    /// Refusals by the gate since start (also counted in the class totals: as `deadline` when the
+    /// client's `Request-Timeout` ends before its hold would, as `cpu_quota` otherwise).
     pub refused_total: u64,
     /// Requests the gate held (paced) before letting them through, since start.
     pub held_total: u64,
@@ -244,18 +252,21 @@ impl CpuGate {
         let tat = t.tat.max(now);
         let early = (tat - now).saturating_sub(burst);
         // Held past the pace, or until the client has given up: refused now instead.
-        let too_early = !early.is_zero() && (early > self.pace || deadline().is_some_and(|d| early >= d));
+        let too_early = early > self.pace;
+        let late = if early.is_zero() || too_early { None } else { deadline().filter(|d| early >= *d) };
         // The backstop counts requests in the window they go on in: a held one's may be the next.
         let released = slot(&mut st.released, self.window_of(st.last_tick, now + early));
         let verdict = if too_early || f64::from(*released) >= budget * BACKSTOP {
             Verdict::Refuse
+        } else if let Some(timeout) = late {
+            Verdict::Late { wait: early, timeout }
         } else {
             *released += 1;
             t.tat = tat + spacing;
             if early.is_zero() { Verdict::Pass } else { Verdict::Hold(now + early) }
         };
         match verdict {
-            Verdict::Refuse => st.refused += 1,
+            Verdict::Refuse | Verdict::Late { .. } => st.refused += 1,
             Verdict::Hold(_) => st.held += 1,
             Verdict::Pass => {}
         }
@@ -526,7 +537,7 @@ mod tests {
                     match gate.pass(Some(i as u64), now, || None) {
                         Verdict::Pass => serve(&mut cpu, i),
                         Verdict::Hold(at) => held.push((at, i)),
-                        Verdict::Refuse => {
+                        Verdict::Refuse | Verdict::Late { .. } => {
                             cpu.spend(refusal_cost.as_secs_f64(), 1.0, measuring);
                         }
                     }
@@ -569,7 +580,7 @@ mod tests {
                 }
                 let (left, pass) = *work[c].get_or_insert_with(|| match gate.pass(Some(1), now, || None) {
                     Verdict::Pass => (cost.as_secs_f64(), true),
-                    Verdict::Refuse => (20e-6, false),
+                    Verdict::Refuse | Verdict::Late { .. } => (20e-6, false),
                     Verdict::Hold(at) => {
                         hold[c] = Some(at);
                         (0.0, true)
@@ -742,6 +753,7 @@ mod tests {
     fn a_request_is_not_held_past_its_clients_deadline() {
         let (_, gate, now) = overloaded(10, 100);
         lock(&gate.state).level = 50.0; // 2 ms apart, a burst of 10
+        let refused_before = gate.snapshot().refused_total;
         let mut verdicts = Vec::new();
         for _ in 0..30 {
             verdicts.push(gate.pass(Some(7), now, || Some(Duration::from_millis(10))));
@@ -750,7 +762,25 @@ mod tests {
             verdicts.iter().filter_map(|v| if let Verdict::Hold(at) = v { Some(*at - now) } else { None }).collect();
         assert!(!held.is_empty(), "{verdicts:?}");
         assert!(held.iter().all(|h| *h < Duration::from_millis(10)), "held past the deadline: {held:?}");
-        assert!(verdicts.contains(&Verdict::Refuse), "past the deadline, refused: {verdicts:?}");
+        // Those whose turn is within the pace but past the deadline are refused as late, with
+        // the hold they would have had.
+        let late: Vec<Duration> = verdicts
+            .iter()
+            .filter_map(|v| if let Verdict::Late { wait, .. } = v { Some(*wait) } else { None })
+            .collect();
+        assert!(!late.is_empty(), "past the deadline, refused as late: {verdicts:?}");
+        assert!(late.iter().all(|w| *w >= Duration::from_millis(10) && *w <= gate.pace), "{late:?}");
+        assert!(
+            verdicts
+                .iter()
+                .all(|v| !matches!(v, Verdict::Late { timeout, .. } if *timeout != Duration::from_millis(10))),
+            "{verdicts:?}"
+        );
+        let refused = verdicts.iter().filter(|v| matches!(v, Verdict::Refuse | Verdict::Late { .. })).count();
+        assert_eq!(gate.snapshot().refused_total - refused_before, refused as u64, "counted as the gate's refusals");
+        // A refusal takes no turn: a more patient caller is held from where the schedule stands.
+        let turn = late[late.len() - 1];
+        assert_eq!(gate.pass(Some(7), now, || Some(Duration::from_secs(1))), Verdict::Hold(now + turn));
         // Without a deadline, the same requests are held up to the pace.
         let (_, gate, now) = overloaded(10, 100);
         lock(&gate.state).level = 50.0;

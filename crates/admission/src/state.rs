@@ -246,6 +246,17 @@ impl Admission {
                     st.shed.cpu_quota += 1;
                     return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
                 }
+                Verdict::Late { wait, timeout } => {
+                    // Its turn would come after the client has given up: the same refusal as
+                    // the class's own deadline check, with the hold as the expected wait.
+                    let (id, class) = self.class(id);
+                    let mut st = lock(&class.state);
+                    st.shed.deadline += 1;
+                    let mut r = st.refusal(id, &class.config, RefusalReason::Deadline);
+                    r.wait_ms = secs_to_ms(wait.as_secs_f64());
+                    r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                    return Decision::Refuse(r);
+                }
             }
         }
         self.enter(id, tenant, now, client_timeout)

@@ -545,8 +545,14 @@ async fn the_cpu_gate_refuses_the_heavy_tenant_when_the_quota_is_used_up() {
 
 /// `windows` windows of 100 ms under a gate with the given pace, each with 18 requests from
 /// tenant 1 and 2 from tenant 2 sent at once, and the whole quota used. Returns, per tenant,
-/// the 503s and the 200s, and the longest a 200 took.
-async fn saturate_at_once(pace: Duration, windows: u32) -> ([u32; 2], [u32; 2], Duration, Admission) {
+/// the 503s and the 200s, and the longest a 200 took. Tenant 1's requests carry `heavy_timeout`
+/// as their `Request-Timeout`, if any; every refusal is checked to be one of `reasons`.
+async fn saturate_at_once(
+    pace: Duration,
+    windows: u32,
+    heavy_timeout: Option<&'static str>,
+    reasons: &[RefusalReason],
+) -> ([u32; 2], [u32; 2], Duration, Admission) {
     let used = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let meter: Arc<dyn breakwater_admission::CpuMeter> = Arc::new(QuarterCore(used.clone()));
     let cfg = AdmissionConfig { cpu_target: 0.95, cpu_pace: pace, ..AdmissionConfig::default() };
@@ -562,7 +568,11 @@ async fn saturate_at_once(pace: Duration, windows: u32) -> ([u32; 2], [u32; 2], 
                 let svc = svc.clone();
                 tokio::spawn(async move {
                     let start = tokio::time::Instant::now();
-                    let (code, refusal) = status(svc, request("/", Some(tenant))).await;
+                    let mut req = request("/", Some(tenant));
+                    if let (1, Some(ms)) = (tenant, heavy_timeout) {
+                        req.headers_mut().insert("request-timeout", http::HeaderValue::from_static(ms));
+                    }
+                    let (code, refusal) = status(svc, req).await;
                     (tenant, code, refusal, start.elapsed())
                 })
             })
@@ -581,7 +591,8 @@ async fn saturate_at_once(pace: Duration, windows: u32) -> ([u32; 2], [u32; 2], 
                 ok[i] += 1;
                 slowest = slowest.max(took);
             } else {
-                assert_eq!(refusal.map(|r| r.reason), Some(RefusalReason::CpuQuota));
+                let reason = refusal.map(|r| r.reason);
+                assert!(reason.is_some_and(|r| reasons.contains(&r)), "{reason:?}");
                 refused[i] += 1;
             }
         }
@@ -592,7 +603,7 @@ async fn saturate_at_once(pace: Duration, windows: u32) -> ([u32; 2], [u32; 2], 
 #[tokio::test(start_paused = true)]
 async fn the_cpu_gate_holds_a_heavy_tenant_up_to_its_pace_before_refusing() {
     let pace = Duration::from_millis(50);
-    let (refused, ok, slowest, a) = saturate_at_once(pace, 30).await;
+    let (refused, ok, slowest, a) = saturate_at_once(pace, 30, None, &[RefusalReason::CpuQuota]).await;
     let cpu = a.snapshot().cpu.unwrap_or_else(|| panic!("a CPU gate"));
     assert!(cpu.held_total > 0, "the heavy tenant's excess is held first: {cpu:?}");
     assert_eq!(cpu.pace_ms, 50.0, "the snapshot publishes the pace");
@@ -604,8 +615,25 @@ async fn the_cpu_gate_holds_a_heavy_tenant_up_to_its_pace_before_refusing() {
     );
     assert_eq!(cpu.refused_total, u64::from(refused[0]));
     // Refusing at once instead, the same load: more of it refused, nothing held.
-    let (refused_at_once, _, _, a) = saturate_at_once(Duration::ZERO, 30).await;
+    let (refused_at_once, _, _, a) = saturate_at_once(Duration::ZERO, 30, None, &[RefusalReason::CpuQuota]).await;
     let cpu = a.snapshot().cpu.unwrap_or_else(|| panic!("a CPU gate"));
     assert_eq!(cpu.held_total, 0);
     assert!(refused_at_once[0] > refused[0], "{refused_at_once:?} refused at once against {refused:?} paced");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cpu_gate_refuses_a_hold_past_the_clients_deadline_as_a_deadline() {
+    // The heavy tenant's callers give up after 10 ms, a fifth of the 50 ms pace. (A refusal
+    // takes no turn, so its schedule never runs past the deadline into `cpu_quota` refusals;
+    // the backstop's could still be.)
+    let pace = Duration::from_millis(50);
+    let reasons = [RefusalReason::CpuQuota, RefusalReason::Deadline];
+    let (refused, _, slowest, a) = saturate_at_once(pace, 30, Some("10"), &reasons).await;
+    let snap = a.snapshot();
+    let cpu = snap.cpu.clone().unwrap_or_else(|| panic!("a CPU gate"));
+    assert_eq!(refused[1], 0, "the light tenant is never refused");
+    assert!(slowest < Duration::from_millis(10), "nobody is held past their deadline: {slowest:?}");
+    assert!(snap.shed.deadline > 0, "a hold the client would not wait for is a deadline refusal: {snap:?}");
+    assert_eq!(snap.shed.deadline + snap.shed.cpu_quota, u64::from(refused[0]));
+    assert_eq!(cpu.refused_total, u64::from(refused[0]), "the gate counts both as its refusals");
 }
