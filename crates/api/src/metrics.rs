@@ -60,12 +60,16 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The app's metrics.
+///
+/// What the layers count since start (refusals, checks, admissions) is published as counters,
+/// so `rate()` and counter-reset handling work as Prometheus expects; what they hold now
+/// (limits, in-flight, queue depths) as gauges. Both are read from the layers at scrape time.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     latency: HistogramFamily,
-    gauges: LiveGauges,
+    gauges: LiveSeries,
     jobs: JobGauges,
     runtime: RuntimeSeries,
     /// Wraps every request future: its polls and scheduling delays.
@@ -91,7 +95,7 @@ struct JobGauges {
     start_p99: FloatGauge,
     dead_in_window: Gauge,
     stats_age: FloatGauge,
-    stats_failures: Gauge,
+    stats_failures: Counter,
 }
 
 /// The tokio runtime and the request futures, sampled on an interval.
@@ -112,32 +116,32 @@ struct RuntimeSeries {
 }
 
 #[derive(Debug, Default)]
-struct LiveGauges {
+struct LiveSeries {
     connections_open: Gauge,
     connections_max: Gauge,
-    connections_refused: Gauge,
-    connections_reset: Gauge,
-    connections_accept_paced: Gauge,
+    connections_refused: Counter,
+    connections_reset: Counter,
+    connections_accept_paced: Counter,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
     bulkhead_waiting: Gauge,
-    bulkhead_timeouts: Gauge,
+    bulkhead_timeouts: Counter,
     pool_size: Gauge,
     pool_idle: Gauge,
     throttle_degraded: Gauge,
-    throttle_checks: Gauge,
-    throttle_fallback_checks: Gauge,
-    throttle_redis_errors: Gauge,
-    throttle_refused: Family<KindLabel, Gauge>,
+    throttle_checks: Counter,
+    throttle_fallback_checks: Counter,
+    throttle_redis_errors: Counter,
+    throttle_refused: Family<KindLabel, Counter>,
     admission_limit: Family<ClassLabel, Gauge>,
     admission_in_flight: Family<ClassLabel, Gauge>,
     admission_queue_depth: Family<ClassLabel, Gauge>,
-    admission_admitted: Family<ClassLabel, Gauge>,
-    admission_shed: Family<ShedLabels, Gauge>,
+    admission_admitted: Family<ClassLabel, Counter>,
+    admission_shed: Family<ShedLabels, Counter>,
     admission_p95_ms: Family<ClassLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     admission_cpu_utilization: Gauge<f64, std::sync::atomic::AtomicU64>,
     admission_cpu_gate_shut: Gauge,
-    admission_cpu_held: Gauge,
+    admission_cpu_held: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -149,6 +153,12 @@ struct ClassLabel {
 struct ShedLabels {
     class: String,
     reason: &'static str,
+}
+
+/// Moves a counter up to a total the layers keep since start. Scrapes are serialized
+/// (`render_lock`) and the totals only grow, so the counter ends equal to the total.
+fn advance(counter: &Counter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 /// Classifies a status for the `outcome` label: a deliberate refusal is not an error.
@@ -181,23 +191,23 @@ impl Metrics {
             "Handler latency by matched route, method and outcome",
             latency.clone(),
         );
-        let gauges = LiveGauges::default();
+        let gauges = LiveSeries::default();
         let g = &gauges;
         registry.register("connections_open", "Open client connections", g.connections_open.clone());
         registry.register("connections_max", "Connection cap", g.connections_max.clone());
         registry.register(
             "connections_refused",
-            "Connections answered 503 load_shed at accept (over the cap) since start",
+            "Connections answered 503 load_shed at accept (over the cap)",
             g.connections_refused.clone(),
         );
         registry.register(
             "connections_reset",
-            "Connections reset at accept (over the cap, refusals saturated) since start",
+            "Connections reset at accept (over the cap, refusals saturated)",
             g.connections_reset.clone(),
         );
         registry.register(
             "connections_accept_paced",
-            "Times the accept loop paused for MAX_ACCEPT_RATE since start",
+            "Times the accept loop paused for MAX_ACCEPT_RATE",
             g.connections_accept_paced.clone(),
         );
         registry.register("bulkhead_slots", "Database bulkhead slots", g.bulkhead_size.clone());
@@ -205,7 +215,7 @@ impl Metrics {
         registry.register("bulkhead_waiting", "Requests waiting for a database slot", g.bulkhead_waiting.clone());
         registry.register(
             "bulkhead_acquire_timeouts",
-            "Requests refused with db_saturated since start",
+            "Requests refused with db_saturated",
             g.bulkhead_timeouts.clone(),
         );
         registry.register("pool_connections", "Open database connections", g.pool_size.clone());
@@ -215,14 +225,10 @@ impl Metrics {
             "1 while throttles run in process (Redis unavailable)",
             g.throttle_degraded.clone(),
         );
-        registry.register(
-            "throttle_checks",
-            "Requests checked by the throttles since start",
-            g.throttle_checks.clone(),
-        );
+        registry.register("throttle_checks", "Requests checked by the throttles", g.throttle_checks.clone());
         registry.register(
             "throttle_fallback_checks",
-            "Requests checked in process since start",
+            "Requests checked in process",
             g.throttle_fallback_checks.clone(),
         );
         registry.register(
@@ -230,11 +236,7 @@ impl Metrics {
             "Redis throttle calls failed or over budget",
             g.throttle_redis_errors.clone(),
         );
-        registry.register(
-            "throttle_refused",
-            "Requests refused by throttle bucket kind since start",
-            g.throttle_refused.clone(),
-        );
+        registry.register("throttle_refused", "Requests refused by throttle bucket kind", g.throttle_refused.clone());
         registry.register(
             "admission_limit",
             "Admission in-flight limit now, per route class",
@@ -246,12 +248,8 @@ impl Metrics {
             "Requests waiting for an admission slot",
             g.admission_queue_depth.clone(),
         );
-        registry.register("admission_admitted", "Requests admitted since start", g.admission_admitted.clone());
-        registry.register(
-            "admission_shed",
-            "Requests refused by admission since start, by reason",
-            g.admission_shed.clone(),
-        );
+        registry.register("admission_admitted", "Requests admitted", g.admission_admitted.clone());
+        registry.register("admission_shed", "Requests refused by admission, by reason", g.admission_shed.clone());
         registry.register("admission_p95_ms", "p95 latency of admitted requests, ms", g.admission_p95_ms.clone());
         registry.register(
             "admission_cpu_utilization",
@@ -265,7 +263,7 @@ impl Metrics {
         );
         registry.register(
             "admission_cpu_held",
-            "Requests the CPU gate held (paced) before letting them through, since start (-1: no CPU gate)",
+            "Requests the CPU gate held (paced) before letting them through (0 with no CPU gate)",
             g.admission_cpu_held.clone(),
         );
         let jobs = JobGauges::default();
@@ -298,38 +296,37 @@ impl Metrics {
         let _one_at_a_time = self.render_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.set_jobs(queue, state.queue_stats.failures());
         let g = &self.gauges;
-        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let usize_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         g.connections_open.set(usize_i64(state.connections.open()));
         g.connections_max.set(usize_i64(state.connections.max()));
-        g.connections_refused.set(to_i64(state.connections.refused()));
-        g.connections_reset.set(to_i64(state.connections.reset()));
-        g.connections_accept_paced.set(to_i64(state.connections.paced()));
+        advance(&g.connections_refused, state.connections.refused());
+        advance(&g.connections_reset, state.connections.reset());
+        advance(&g.connections_accept_paced, state.connections.paced());
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
         g.bulkhead_in_use.set(usize_i64(b.in_use));
         g.bulkhead_waiting.set(usize_i64(b.waiting));
-        g.bulkhead_timeouts.set(to_i64(b.acquire_timeouts));
+        advance(&g.bulkhead_timeouts, b.acquire_timeouts);
         g.pool_size.set(i64::from(state.pool.size()));
         g.pool_idle.set(usize_i64(state.pool.num_idle()));
         let t = state.throttles.status();
         g.throttle_degraded.set(i64::from(t.state == "degraded"));
-        g.throttle_checks.set(to_i64(t.checks));
-        g.throttle_fallback_checks.set(to_i64(t.fallback_checks));
-        g.throttle_redis_errors.set(to_i64(t.redis_errors));
+        advance(&g.throttle_checks, t.checks);
+        advance(&g.throttle_fallback_checks, t.fallback_checks);
+        advance(&g.throttle_redis_errors, t.redis_errors);
         for (kind, n) in [("tenant", t.refused.tenant), ("user", t.refused.user), ("ip", t.refused.ip)] {
-            g.throttle_refused.get_or_create(&KindLabel { kind }).set(to_i64(n));
+            advance(&g.throttle_refused.get_or_create(&KindLabel { kind }), n);
         }
         let admission = state.admission.snapshot();
         g.admission_cpu_utilization.set(admission.cpu.as_ref().map_or(-1.0, |c| c.utilization));
         g.admission_cpu_gate_shut.set(admission.cpu.as_ref().map_or(-1, |c| i64::from(c.shut)));
-        g.admission_cpu_held.set(admission.cpu.as_ref().map_or(-1, |c| to_i64(c.held_total)));
+        advance(&g.admission_cpu_held, admission.cpu.as_ref().map_or(0, |c| c.held_total));
         for c in admission.classes {
             let class = ClassLabel { class: c.name.clone() };
             g.admission_limit.get_or_create(&class).set(c.limit.map_or(-1, usize_i64));
             g.admission_in_flight.get_or_create(&class).set(usize_i64(c.in_flight));
             g.admission_queue_depth.get_or_create(&class).set(usize_i64(c.queue_depth));
-            g.admission_admitted.get_or_create(&class).set(to_i64(c.admitted_total));
+            advance(&g.admission_admitted.get_or_create(&class), c.admitted_total);
             g.admission_p95_ms.get_or_create(&class).set(c.p95_ms.unwrap_or(0.0));
             for (reason, n) in [
                 ("queue_full", c.shed.queue_full),
@@ -337,7 +334,7 @@ impl Metrics {
                 ("deadline", c.shed.deadline),
                 ("cpu_quota", c.shed.cpu_quota),
             ] {
-                g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }).set(to_i64(n));
+                advance(&g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }), n);
             }
         }
         let mut out = String::new();
@@ -351,7 +348,7 @@ impl Metrics {
 impl Metrics {
     fn set_jobs(&self, queue: Option<&crate::queue_stats::Reading>, failures: u64) {
         let j = &self.jobs;
-        j.stats_failures.set(i64::try_from(failures).unwrap_or(i64::MAX));
+        advance(&j.stats_failures, failures);
         let Some(reading) = queue else {
             // Never read: say so rather than publish zeros that look like an empty queue.
             j.stats_age.set(-1.0);
@@ -435,11 +432,7 @@ fn register_jobs(registry: &mut Registry, j: &JobGauges) {
         "Age of the job queue figures above (-1: never read)",
         j.stats_age.clone(),
     );
-    registry.register(
-        "jobs_stats_failures",
-        "Job queue figure reads that failed since start",
-        j.stats_failures.clone(),
-    );
+    registry.register("jobs_stats_failures", "Job queue figure reads that failed", j.stats_failures.clone());
 }
 
 fn register_runtime(registry: &mut Registry, r: &RuntimeSeries) {

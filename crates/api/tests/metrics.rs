@@ -156,16 +156,19 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     assert_eq!(value(&m, "breakwater_admission_in_flight", &default), Some(0.0));
     assert_eq!(value(&m, "breakwater_admission_queue_depth", &default), Some(0.0));
     // Five reads by the agent and the erasure were admitted; the admin's four reads were shed.
-    assert_eq!(value(&m, "breakwater_admission_admitted", &default), Some(6.0));
+    assert_eq!(value(&m, "breakwater_admission_admitted_total", &default), Some(6.0));
     assert_eq!(
-        value(&m, "breakwater_admission_shed", &[("class", "default"), ("reason", "queue_full")]),
+        value(&m, "breakwater_admission_shed_total", &[("class", "default"), ("reason", "queue_full")]),
         Some(shed.into())
     );
-    assert_eq!(value(&m, "breakwater_admission_shed", &[("class", "default"), ("reason", "queue_timeout")]), Some(0.0));
+    assert_eq!(
+        value(&m, "breakwater_admission_shed_total", &[("class", "default"), ("reason", "queue_timeout")]),
+        Some(0.0)
+    );
     // The throttles saw what admission let through, and refused the agent's last two.
-    assert_eq!(value(&m, "breakwater_throttle_checks", &[]), Some(6.0));
-    assert_eq!(value(&m, "breakwater_throttle_refused", &[("kind", "user")]), Some(2.0));
-    assert_eq!(value(&m, "breakwater_throttle_refused", &[("kind", "tenant")]), Some(0.0));
+    assert_eq!(value(&m, "breakwater_throttle_checks_total", &[]), Some(6.0));
+    assert_eq!(value(&m, "breakwater_throttle_refused_total", &[("kind", "user")]), Some(2.0));
+    assert_eq!(value(&m, "breakwater_throttle_refused_total", &[("kind", "tenant")]), Some(0.0));
     assert_eq!(value(&m, "breakwater_throttle_degraded", &[]), Some(0.0));
     // Requests by route and outcome: shed ones never reached the router.
     let route = |outcome| [("route", "/v1/contacts/{id}"), ("method", "GET"), ("outcome", outcome)];
@@ -175,7 +178,7 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     // The bulkhead and the pool: three slots, none held now, nobody refused.
     assert_eq!(value(&m, "breakwater_bulkhead_slots", &[]), Some(3.0));
     assert_eq!(value(&m, "breakwater_bulkhead_in_use", &[]), Some(0.0));
-    assert_eq!(value(&m, "breakwater_bulkhead_acquire_timeouts", &[]), Some(0.0));
+    assert_eq!(value(&m, "breakwater_bulkhead_acquire_timeouts_total", &[]), Some(0.0));
     // (The pool is the test harness's, so its size is not ours to set; the bulkhead's is.)
     let open = value(&m, "breakwater_pool_connections", &[]).expect("pool size");
     let idle = value(&m, "breakwater_pool_idle_connections", &[]).expect("idle");
@@ -242,7 +245,7 @@ async fn the_queue_figures_are_cached_and_a_slow_database_cannot_hang_a_scrape(p
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(value(&fresh, "breakwater_jobs", &[("kind", "noop"), ("state", "ready")]), Some(1.0));
-    assert_eq!(value(&fresh, "breakwater_jobs_stats_failures", &[]), Some(0.0));
+    assert_eq!(value(&fresh, "breakwater_jobs_stats_failures_total", &[]), Some(0.0));
 }
 
 /// Every series name a scrape can hold, from the `# TYPE` lines (counters gain `_total`,

@@ -87,7 +87,7 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
     for line in [
         r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="refused"} 3"#,
         r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="ok"} 7"#,
-        r#"breakwater_throttle_refused{kind="tenant"} 3"#,
+        r#"breakwater_throttle_refused_total{kind="tenant"} 3"#,
         "breakwater_bulkhead_slots 10",
         "breakwater_throttle_degraded 0",
     ] {
