@@ -8,6 +8,8 @@
 - The API task is 256 CPU / 512 MiB by default; autoscaling tracks 60% CPU from 2 to 6 tasks,
   scale-out cooldown 60 s, scale-in 120-300 s.
 - The target group checks a route the API serves (`/ready`, read from the API's source).
+- The API and the worker run with APP_ENV=production and JSON logs; the worker's health check
+  asks the port it serves `/health` on.
 - Secrets reach containers as secrets, never as plain environment; services run in private
   subnets without public IPs, with the circuit breaker and rollback; every imported value is
   exported by a stack deployed earlier.
@@ -192,6 +194,20 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         w = container(svc, name)["ContainerDefinitions"][0]
         c.check(0 < num(svc, w["StopTimeout"]) <= 120, f"{name} stop timeout is at most 120 s")
 
+    # Both long-running containers run as production (the worker's webhook policy: https to
+    # public addresses only) and log JSON lines; the worker's health check asks the port it serves.
+    worker_c = container(svc, "worker")["ContainerDefinitions"][0]
+    worker_env = env_of(svc, worker_c)
+    for name, env in (("api", api_env), ("worker", worker_env)):
+        got = (env.get("APP_ENV"), env.get("LOG_FORMAT"))
+        c.check(got == ("production", "json"), f"{name}: APP_ENV=production, LOG_FORMAT=json (got {got})")
+    port = str(worker_env.get("WORKER_METRICS_ADDR", "")).rpartition(":")[2]
+    probe = " ".join(worker_c.get("HealthCheck", {}).get("Command", []))
+    c.check(
+        bool(port) and f"/dev/tcp/127.0.0.1/{port}" in probe and "GET /health" in probe,
+        f"worker: its health check asks /health on WORKER_METRICS_ADDR's port ({port or 'unset'})",
+    )
+
     # The task shape the benchmarks pin.
     c.check(
         (str(resolve(svc, api["Cpu"])), str(resolve(svc, api["Memory"]))) == ("256", "512"),
@@ -374,6 +390,11 @@ def self_test(ts: dict[str, dict]) -> None:
         "health path not served": lambda t: only(t["edge"], "AWS::ElasticLoadBalancingV2::TargetGroup").update(
             HealthCheckPath="/healthz"),
         "secret in plain env": lambda t: api_c(t)["Environment"].append({"Name": "JWT_SECRET", "Value": "x"}),
+        "worker in development": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
+            Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
+                         if e["Name"] != "APP_ENV"]),
+        "worker without a health check": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0]
+            .pop("HealthCheck"),
         "public IP": lambda t: first_service(t)["NetworkConfiguration"]["AwsvpcConfiguration"].update(
             AssignPublicIp="ENABLED"),
         "no rollback": lambda t: first_service(t)["DeploymentConfiguration"]["DeploymentCircuitBreaker"].update(

@@ -5,6 +5,7 @@ mod bench;
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use breakwater_domain::webhooks::WebhookPolicy;
 use breakwater_worker::{Backoff, ClientOptions, Worker, WorkerOptions};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -122,12 +123,16 @@ struct Config {
     /// Idle webhook connections kept per origin.
     #[arg(long, env = "WEBHOOK_MAX_IDLE_PER_HOST", default_value_t = 32)]
     webhook_max_idle_per_host: usize,
+    /// Address to serve `/metrics` and `/health` on, e.g. `0.0.0.0:9091`. Unset or empty: not
+    /// served (the benchmark and the tests run several workers on one machine).
+    #[arg(long, env = "WORKER_METRICS_ADDR")]
+    metrics_addr: Option<String>,
     /// Exit once the queue has nothing due and nothing is running (the benchmark's workers).
     #[arg(long, env = "WORKER_EXIT_WHEN_IDLE", default_value_t = false, hide = true)]
     exit_when_idle: bool,
-    /// Log as JSON lines.
-    #[arg(long, env = "LOG_JSON", default_value_t = false, global = true)]
-    log_json: bool,
+    /// Log format: `pretty` or `json` (one object per line), the API's variable.
+    #[arg(long, env = "LOG_FORMAT", default_value = "pretty", value_parser = ["pretty", "json"], global = true)]
+    log_format: String,
     /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
     /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported. A job's span continues
     /// the trace of the request that enqueued it.
@@ -196,7 +201,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let telemetry = breakwater_telemetry::Telemetry::init(&breakwater_telemetry::Settings {
         service: "breakwater-worker",
-        logs: if cli.config.log_json {
+        logs: if cli.config.log_format == "json" {
             breakwater_telemetry::LogOutput::Json
         } else {
             breakwater_telemetry::LogOutput::Pretty
@@ -220,7 +225,29 @@ async fn run(config: &Config) -> anyhow::Result<()> {
     let pool = config.pool(size)?;
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
-    let counts = Worker::new(pool, options).run(stop).await?;
+    let worker = Worker::new(pool, options);
+    // Served until the worker has stopped, so the last figures can still be read while it drains.
+    let served = CancellationToken::new();
+    let server = match config.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("WORKER_METRICS_ADDR {addr}: cannot listen"))?;
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics and /health");
+            Some(tokio::spawn(breakwater_worker::metrics::serve(listener, worker.clone(), served.clone())))
+        }
+        None => None,
+    };
+    let counts = worker.run(stop).await;
+    served.cancel();
+    if let Some(server) = server {
+        match server.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the metrics server failed"),
+            Err(e) => tracing::warn!(error = %e, "the metrics server panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
+    let counts = counts?;
     // One line a supervisor (or the benchmark) can read.
     println!("{}", serde_json::to_string(&counts)?);
     Ok(())

@@ -17,6 +17,7 @@ use uuid::Uuid;
 use crate::WorkerOptions;
 use crate::client::{ClientCounts, WebhookClient};
 use crate::handlers::{Handlers, JobError};
+use crate::metrics::{Metrics, Outcome};
 
 /// Most leases marked completed in one statement.
 const COMPLETE_BATCH: usize = 1_000;
@@ -94,6 +95,7 @@ struct Shared {
     options: WorkerOptions,
     handlers: Handlers,
     counters: Counters,
+    metrics: Metrics,
     held: Mutex<HashMap<Uuid, Held>>,
     wake: Notify,
 }
@@ -133,12 +135,14 @@ impl Worker {
             client: WebhookClient::new(options.client.clone()),
             erase_batch: options.erase_batch,
         };
+        let metrics = Metrics::new(options.concurrency.max(1));
         Self {
             shared: Arc::new(Shared {
                 pool,
                 options,
                 handlers,
                 counters: Counters::default(),
+                metrics,
                 held: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
             }),
@@ -155,6 +159,13 @@ impl Worker {
     #[must_use]
     pub fn counts(&self) -> Counts {
         self.shared.counts()
+    }
+
+    /// Its figures as Prometheus text (what [`crate::metrics::serve`] answers `/metrics` with).
+    #[must_use]
+    pub fn render_metrics(&self) -> String {
+        let held = self.shared.held().len();
+        self.shared.metrics.render(&self.shared.counts(), held)
     }
 
     /// Runs until `stop` is cancelled, then shuts down gracefully: claims nothing more, gives
@@ -325,11 +336,8 @@ async fn run_attempt(
     let options = &shared.options;
     let lease = job.lease();
     let kind = job.kind.clone();
-    metrics::histogram!("breakwater_worker_claim_to_start_seconds", "kind" => kind.clone())
-        .record(claimed_at.elapsed().as_secs_f64());
     let due_to_claim = (job.attempted_at - job.run_at).to_std().unwrap_or_default();
-    metrics::histogram!("breakwater_worker_due_to_claim_seconds", "kind" => kind.clone())
-        .record(due_to_claim.as_secs_f64());
+    shared.metrics.started(&kind, due_to_claim, claimed_at.elapsed());
 
     let outcome = tokio::select! {
         biased;
@@ -340,7 +348,7 @@ async fn run_attempt(
     };
     match outcome {
         Some(Ok(())) => {
-            metrics::counter!("breakwater_worker_jobs_total", "kind" => kind, "outcome" => "completed").increment(1);
+            shared.metrics.attempt(&kind, Outcome::Completed);
             // The completer marks it done (batched) and forgets it.
             if done.send(lease).is_err() {
                 tracing::error!(job = %job.id, "completer gone; the job will be rescued and run again");
@@ -357,23 +365,23 @@ async fn run_attempt(
                 Ok(Some(JobState::Dead)) => {
                     Counters::add(&shared.counters.dead, 1);
                     tracing::warn!(job = %job.id, %kind, attempt = job.attempts, error = %error.message, "job dead");
-                    "dead"
+                    Outcome::Dead
                 }
                 Ok(Some(_)) => {
                     Counters::add(&shared.counters.retried, 1);
                     tracing::info!(job = %job.id, %kind, attempt = job.attempts, error = %error.message, retry_in = ?delay, "job failed; will retry");
-                    "retried"
+                    Outcome::Retried
                 }
                 Ok(None) => {
                     Counters::add(&shared.counters.lease_lost, 1);
-                    "lease_lost"
+                    Outcome::LeaseLost
                 }
                 Err(e) => {
                     tracing::error!(job = %job.id, error = %e, "recording a failure failed; the lease will expire and the job be rescued");
-                    "unrecorded"
+                    Outcome::Unrecorded
                 }
             };
-            metrics::counter!("breakwater_worker_jobs_total", "kind" => kind, "outcome" => outcome).increment(1);
+            shared.metrics.attempt(&kind, outcome);
         }
         // Lease lost (the heartbeat already forgot it) or shutdown (released by `run`).
         None => tracing::info!(job = %job.id, %kind, "job interrupted"),
@@ -510,7 +518,6 @@ async fn maintenance_loop(shared: Arc<Shared>, stop: CancellationToken) {
                         Counters::add(&shared.counters.rescued, r.requeued + r.dead);
                         if r.requeued + r.dead > 0 {
                             tracing::warn!(requeued = r.requeued, dead = r.dead, "rescued jobs whose lease expired");
-                            metrics::counter!("breakwater_worker_rescued_total").increment(r.requeued + r.dead);
                         }
                         if r.requeued > 0 {
                             shared.wake.notify_one();

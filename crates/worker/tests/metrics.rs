@@ -1,0 +1,100 @@
+//! The worker's `/metrics` and `/health`: what became of each attempt, by kind, and the
+//! process's totals, served while it runs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use breakwater_domain::Pool;
+use breakwater_domain::jobs::{self, NewJob};
+use breakwater_domain::messages;
+use breakwater_worker::Worker;
+use common::{Receiver, fixture, options};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_owned())
+}
+
+/// The value of the sample `series` (its name and labels, exactly as exposed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn the_worker_publishes_each_attempts_outcome_by_kind_and_its_totals(pool: Pool) {
+    // Three no-op jobs complete; two deliveries to a receiver that answers 422 go dead.
+    let (rx, secret) = Receiver::start(Arc::new(|_| (StatusCode::UNPROCESSABLE_ENTITY, None)), Duration::ZERO).await;
+    let f = fixture(&pool, &rx.url(), 1).await;
+    *secret.lock().unwrap() = f.secret.clone();
+    for i in 0..2 {
+        messages::post(&pool, f.tenant, f.agent, f.conversations[0], &format!("hello {i}"), None, None).await.unwrap();
+    }
+    let mut tx = pool.begin().await.unwrap();
+    for _ in 0..3 {
+        jobs::enqueue(&mut tx, NewJob::new(jobs::kind::NOOP, serde_json::json!({}))).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let worker = Worker::new(pool.clone(), options(Duration::from_secs(5)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = CancellationToken::new();
+    let server = tokio::spawn(breakwater_worker::metrics::serve(listener, worker.clone(), served.clone()));
+
+    // Before it runs: healthy, its slots published, nothing held or claimed.
+    let (code, body) = get(addr, "/health").await;
+    assert_eq!(code, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((health["status"].as_str(), health["owner"].as_str()), (Some("ok"), Some(worker.owner())));
+    let (code, before) = get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert_eq!(sample(&before, "breakwater_worker_slots"), Some(8.0), "{before}");
+    assert_eq!(sample(&before, "breakwater_worker_held"), Some(0.0), "{before}");
+    assert_eq!(sample(&before, "breakwater_worker_claimed_total"), Some(0.0), "{before}");
+
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let (worker, stop) = (worker.clone(), stop.clone());
+        async move { worker.run(stop).await.unwrap() }
+    });
+    let started = Instant::now();
+    loop {
+        let s = jobs::stats(&pool).await.unwrap();
+        if s.ready + s.scheduled + s.running == 0 || started.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // While it still runs.
+    let (_, m) = get(addr, "/metrics").await;
+    assert_eq!(sample(&m, r#"breakwater_worker_jobs_total{kind="noop",outcome="completed"}"#), Some(3.0), "{m}");
+    assert_eq!(sample(&m, r#"breakwater_worker_jobs_total{kind="deliver_message",outcome="dead"}"#), Some(2.0), "{m}");
+    assert_eq!(sample(&m, r#"breakwater_worker_jobs_total{kind="deliver_message",outcome="completed"}"#), None, "{m}");
+    assert_eq!(sample(&m, r#"breakwater_worker_due_to_claim_seconds_count{kind="noop"}"#), Some(3.0), "{m}");
+    assert_eq!(sample(&m, r#"breakwater_worker_claim_to_start_seconds_count{kind="deliver_message"}"#), Some(2.0));
+    assert_eq!(sample(&m, "breakwater_worker_claimed_total"), Some(5.0), "{m}");
+    assert_eq!(sample(&m, "breakwater_worker_webhook_connections_opened_total").map(|n| n >= 1.0), Some(true), "{m}");
+    assert!(m.contains("# TYPE breakwater_worker_jobs counter"), "{m}");
+
+    stop.cancel();
+    let counts = run.await.unwrap();
+    assert_eq!((counts.claimed, counts.dead), (5, 2));
+    // Served until told to stop, then the server ends cleanly.
+    let (_, after) = get(addr, "/metrics").await;
+    assert_eq!(sample(&after, "breakwater_worker_held"), Some(0.0), "{after}");
+    served.cancel();
+    server.await.unwrap().unwrap();
+}
