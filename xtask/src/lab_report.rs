@@ -573,11 +573,17 @@ fn sat(r: &Row) -> String {
 
 fn check(goal: &str, target: &str, measured: Option<f64>, unit: &str, ok: impl Fn(f64) -> bool, t: f64) -> Goal {
     let met = measured.map(&ok);
+    // Shares of peak in hundredths, and in thousandths where hundredths would print a miss as
+    // the target itself (0.947 against 0.95).
+    let digits = match measured {
+        Some(m) if unit == "of peak" && format!("{m:.2}") == format!("{t:.2}") && met == Some(false) => 3,
+        _ if unit == "of peak" => 2,
+        _ => 1,
+    };
     let note = match (measured, met) {
         (Some(m), Some(false)) => {
             let by = (m - t).abs();
             let rel = if t == 0.0 { String::new() } else { format!(" ({:.0}%)", by / t * 100.0) };
-            let digits = if unit == "of peak" { 2 } else { 1 };
             format!("missed by {by:.digits$} {unit}{rel}")
         }
         (None, _) => "not measured in this run".into(),
@@ -586,10 +592,7 @@ fn check(goal: &str, target: &str, measured: Option<f64>, unit: &str, ok: impl F
     Goal {
         goal: goal.into(),
         target: target.into(),
-        measured: measured.map_or_else(
-            || "-".into(),
-            |m| if unit == "of peak" { format!("{m:.2} {unit}") } else { format!("{m:.1} {unit}") },
-        ),
+        measured: measured.map_or_else(|| "-".into(), |m| format!("{m:.digits$} {unit}")),
         met,
         note,
     }
@@ -1378,6 +1381,17 @@ mod tests {
             assert_eq!(f.resolve("lab-calibrate", None, 1.0)?.stages.len(), plan.calibration_rps.len());
         }
         Ok(())
+    }
+
+    #[test]
+    fn a_share_of_peak_that_rounds_to_its_target_prints_the_miss() {
+        let g = check("goodput at 2x", ">= 0.95 of peak", Some(0.947), "of peak", |v| v >= 0.95, 0.95);
+        assert_eq!((g.measured.as_str(), g.met), ("0.947 of peak", Some(false)));
+        assert!(g.note.starts_with("missed by 0.003 of peak"), "{}", g.note);
+        let g = check("goodput at 2x", ">= 0.95 of peak", Some(0.951), "of peak", |v| v >= 0.95, 0.95);
+        assert_eq!((g.measured.as_str(), g.met, g.note.as_str()), ("0.95 of peak", Some(true), ""));
+        let g = check("goodput at 2x", ">= 0.95 of peak", Some(0.72), "of peak", |v| v >= 0.95, 0.95);
+        assert_eq!(g.measured, "0.72 of peak");
     }
 
     #[test]
