@@ -248,13 +248,15 @@ impl Admission {
                 }
                 Verdict::Late { wait, timeout } => {
                     // Its turn would come after the client has given up: the same refusal as
-                    // the class's own deadline check, with the hold as the expected wait.
+                    // the class's own deadline check, with the hold as the expected wait (and
+                    // `Retry-After` from it).
                     let (id, class) = self.class(id);
                     let mut st = lock(&class.state);
                     st.shed.deadline += 1;
                     let mut r = st.refusal(id, &class.config, RefusalReason::Deadline);
                     r.wait_ms = secs_to_ms(wait.as_secs_f64());
                     r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                    r.retry_after_seconds = retry_after(0, 1.0 / wait.as_secs_f64().max(1e-3), 1.0);
                     return Decision::Refuse(r);
                 }
             }
