@@ -573,13 +573,14 @@ fn sat(r: &Row) -> String {
 
 fn check(goal: &str, target: &str, measured: Option<f64>, unit: &str, ok: impl Fn(f64) -> bool, t: f64) -> Goal {
     let met = measured.map(&ok);
-    // Shares of peak in hundredths, and in thousandths where hundredths would print a miss as
-    // the target itself (0.947 against 0.95).
-    let digits = match measured {
-        Some(m) if unit == "of peak" && format!("{m:.2}") == format!("{t:.2}") && met == Some(false) => 3,
-        _ if unit == "of peak" => 2,
-        _ => 1,
-    };
+    // Shares of peak in hundredths, the rest in tenths; a miss gets more digits until it no
+    // longer prints as the target itself (0.947 against 0.95, 200.04 ms against 200).
+    let mut digits = if unit == "of peak" { 2 } else { 1 };
+    if let (Some(m), Some(false)) = (measured, met) {
+        while digits < 6 && format!("{m:.digits$}") == format!("{t:.digits$}") {
+            digits += 1;
+        }
+    }
     let note = match (measured, met) {
         (Some(m), Some(false)) => {
             let by = (m - t).abs();
@@ -1392,6 +1393,10 @@ mod tests {
         assert_eq!((g.measured.as_str(), g.met, g.note.as_str()), ("0.95 of peak", Some(true), ""));
         let g = check("goodput at 2x", ">= 0.95 of peak", Some(0.72), "of peak", |v| v >= 0.95, 0.95);
         assert_eq!(g.measured, "0.72 of peak");
+        let g = check("goodput at 2x", ">= 0.95 of peak", Some(0.9496), "of peak", |v| v >= 0.95, 0.95);
+        assert_eq!(g.measured, "0.9496 of peak");
+        let g = check("admitted p99 at 2x", "<= 200 ms", Some(200.04), "ms", |v| v <= 200.0, 200.0);
+        assert_eq!((g.measured.as_str(), g.met), ("200.04 ms", Some(false)));
     }
 
     #[test]

@@ -165,9 +165,11 @@ impl Metrics {
         self.claim_to_start.get_or_create(&kind).observe(claim_to_start.as_secs_f64());
     }
 
-    /// The text exposition, with the totals of `counts` and `held` jobs.
-    pub(crate) fn render(&self, counts: &Counts, held: usize) -> String {
+    /// The text exposition, with the totals and the jobs held that `read` returns (read under
+    /// the scrape lock, so a later scrape never reads older totals).
+    pub(crate) fn render(&self, read: impl FnOnce() -> (Counts, usize)) -> String {
         let _one_at_a_time = self.render_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (counts, held) = read();
         self.held.set(i64::try_from(held).unwrap_or(i64::MAX));
         advance(&self.claimed, counts.claimed);
         advance(&self.released, counts.released);

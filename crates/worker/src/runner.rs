@@ -164,8 +164,7 @@ impl Worker {
     /// Its figures as Prometheus text (what [`crate::metrics::serve`] answers `/metrics` with).
     #[must_use]
     pub fn render_metrics(&self) -> String {
-        let held = self.shared.held().len();
-        self.shared.metrics.render(&self.shared.counts(), held)
+        self.shared.metrics.render(|| (self.shared.counts(), self.shared.held().len()))
     }
 
     /// Runs until `stop` is cancelled, then shuts down gracefully: claims nothing more, gives
