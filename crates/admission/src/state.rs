@@ -252,12 +252,7 @@ impl Admission {
                     // `Retry-After` from it).
                     let (id, class) = self.class(id);
                     let mut st = lock(&class.state);
-                    st.shed.deadline += 1;
-                    let mut r = st.refusal(id, &class.config, RefusalReason::Deadline);
-                    r.wait_ms = secs_to_ms(wait.as_secs_f64());
-                    r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-                    r.retry_after_seconds = retry_after(0, 1.0 / wait.as_secs_f64().max(1e-3), 1.0);
-                    return Decision::Refuse(r);
+                    return Decision::Refuse(st.deadline_refusal(id, &class.config, wait.as_secs_f64(), timeout));
                 }
             }
         }
@@ -306,12 +301,7 @@ impl Admission {
             let expected_wait = st.expected_wait(tenant, &class.config);
             let needed = expected_wait + st.service_p50;
             if needed > timeout.as_secs_f64() {
-                st.shed.deadline += 1;
-                let mut r = st.refusal(id, &class.config, RefusalReason::Deadline);
-                r.wait_ms = secs_to_ms(expected_wait);
-                r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-                r.retry_after_seconds = retry_after(0, 1.0 / expected_wait.max(1e-3), 1.0);
-                return Decision::Refuse(r);
+                return Decision::Refuse(st.deadline_refusal(id, &class.config, expected_wait, timeout));
             }
         }
         if let Some(i) = victim {
@@ -401,6 +391,17 @@ impl ClassState {
             let limit = self.controller.limit().min(class.max_limit) as f64;
             limit / class.latency_target.as_secs_f64()
         }
+    }
+
+    /// A client's deadline that an expected `wait` (seconds) would outlast: counted, and
+    /// refused with that wait, the deadline and a `Retry-After` from the wait.
+    fn deadline_refusal(&mut self, class: ClassId, cfg: &ClassConfig, wait: f64, timeout: Duration) -> Refusal {
+        self.shed.deadline += 1;
+        let mut r = self.refusal(class, cfg, RefusalReason::Deadline);
+        r.wait_ms = secs_to_ms(wait);
+        r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        r.retry_after_seconds = retry_after(0, 1.0 / wait.max(1e-3), 1.0);
+        r
     }
 
     fn refusal(&self, class: ClassId, cfg: &ClassConfig, reason: RefusalReason) -> Refusal {
