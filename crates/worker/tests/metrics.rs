@@ -5,14 +5,14 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use breakwater_domain::Pool;
 use breakwater_domain::jobs::{self, NewJob};
 use breakwater_domain::messages;
 use breakwater_worker::Worker;
-use common::{Receiver, fixture, options};
+use common::{Receiver, fixture, options, start, wait_idle};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
@@ -64,19 +64,8 @@ async fn the_worker_publishes_each_attempts_outcome_by_kind_and_its_totals(pool:
     assert_eq!(sample(&before, "breakwater_worker_held"), Some(0.0), "{before}");
     assert_eq!(sample(&before, "breakwater_worker_claimed_total"), Some(0.0), "{before}");
 
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let (worker, stop) = (worker.clone(), stop.clone());
-        async move { worker.run(stop).await.unwrap() }
-    });
-    let started = Instant::now();
-    loop {
-        let s = jobs::stats(&pool).await.unwrap();
-        if s.ready + s.scheduled + s.running == 0 || started.elapsed() > Duration::from_secs(10) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (stop, run) = start(&worker);
+    wait_idle(&pool, Duration::from_secs(10)).await;
 
     // While it still runs. A dead job's outcome is counted just after its failure is written,
     // so the scrape may come a moment before the last one.

@@ -11,26 +11,13 @@ use axum::http::StatusCode;
 use breakwater_domain::jobs::{self, JobState, NewJob};
 use breakwater_domain::{Pool, contacts, messages};
 use breakwater_worker::{Counts, Worker, WorkerOptions};
-use common::{Receiver, fixture, options};
-use tokio_util::sync::CancellationToken;
+use common::{Receiver, fixture, options, start, wait_idle};
 use uuid::Uuid;
 
 /// Runs a worker until no job is ready or running (or `limit` passes), then stops it.
 async fn drain(pool: &Pool, options: WorkerOptions, limit: Duration) -> Counts {
-    let worker = Worker::new(pool.clone(), options);
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let (worker, stop) = (worker.clone(), stop.clone());
-        async move { worker.run(stop).await.unwrap() }
-    });
-    let started = Instant::now();
-    loop {
-        let s = jobs::stats(pool).await.unwrap();
-        if s.ready + s.scheduled + s.running == 0 || started.elapsed() > limit {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (stop, run) = start(&Worker::new(pool.clone(), options));
+    wait_idle(pool, limit).await;
     stop.cancel();
     run.await.unwrap()
 }
@@ -155,12 +142,7 @@ async fn shutdown_lets_short_jobs_finish_and_releases_the_rest(pool: Pool) {
 
     let mut opts = options(Duration::from_secs(10));
     opts.shutdown_budget = Duration::from_millis(300);
-    let worker = Worker::new(pool.clone(), opts);
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let (worker, stop) = (worker.clone(), stop.clone());
-        async move { worker.run(stop).await.unwrap() }
-    });
+    let (stop, run) = start(&Worker::new(pool.clone(), opts));
     // Wait until the delivery is in flight.
     let deadline = Instant::now() + Duration::from_secs(5);
     while rx.snapshot().1 == 0 && Instant::now() < deadline {
@@ -205,12 +187,7 @@ async fn a_notification_wakes_an_idle_worker_before_its_poll(pool: Pool) {
     *secret.lock().unwrap() = f.secret.clone();
     let mut opts = options(Duration::from_secs(5));
     opts.poll_interval = Duration::from_secs(60);
-    let worker = Worker::new(pool.clone(), opts);
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let (worker, stop) = (worker.clone(), stop.clone());
-        async move { worker.run(stop).await.unwrap() }
-    });
+    let (stop, run) = start(&Worker::new(pool.clone(), opts));
     tokio::time::sleep(Duration::from_millis(500)).await; // idle, listening
 
     let posted = Instant::now();

@@ -15,11 +15,35 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use breakwater_domain::contacts::{self, NewContact};
 use breakwater_domain::conversations::{self, ConversationStatus, NewConversation};
+use breakwater_domain::jobs;
 use breakwater_domain::tenants::{self, Role};
 use breakwater_domain::webhooks::{self, WebhookPolicy, WebhookUrl};
 use breakwater_domain::{Pool, TenantId, UserId};
-use breakwater_worker::{Backoff, ClientOptions, WorkerOptions};
+use breakwater_worker::{Backoff, ClientOptions, Counts, Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// Runs `worker` in a task until the returned token is cancelled; the task returns its counts.
+pub fn start(worker: &Worker) -> (CancellationToken, tokio::task::JoinHandle<Counts>) {
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let (worker, stop) = (worker.clone(), stop.clone());
+        async move { worker.run(stop).await.unwrap() }
+    });
+    (stop, run)
+}
+
+/// Waits until no job is ready, scheduled or running, or `limit` has passed.
+pub async fn wait_idle(pool: &Pool, limit: Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let s = jobs::stats(pool).await.unwrap();
+        if s.ready + s.scheduled + s.running == 0 || started.elapsed() > limit {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
 
 /// What the receiver answers for the n-th request (1-based) carrying a key.
 pub type Script = Arc<dyn Fn(u32) -> (StatusCode, Option<u64>) + Send + Sync>;
