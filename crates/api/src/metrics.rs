@@ -31,6 +31,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use breakwater_telemetry::prometheus::advance;
+
 use crate::state::AppState;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -153,12 +155,6 @@ struct ClassLabel {
 struct ShedLabels {
     class: String,
     reason: &'static str,
-}
-
-/// Moves a counter up to a total the layers keep since start. Scrapes are serialized
-/// (`render_lock`) and the totals only grow, so the counter ends equal to the total.
-fn advance(counter: &Counter, total: u64) {
-    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 /// Classifies a status for the `outcome` label: a deliberate refusal is not an error.
@@ -337,11 +333,7 @@ impl Metrics {
                 advance(&g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }), n);
             }
         }
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        breakwater_telemetry::prometheus::encode(&self.registry)
     }
 }
 
@@ -510,5 +502,5 @@ pub(crate) async fn record(State(metrics): State<Arc<Metrics>>, req: Request, ne
 pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     let queue = state.queue_stats.get(&state.pool).await;
     let body = state.metrics.render(&state, queue.as_ref());
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+    ([(header::CONTENT_TYPE, breakwater_telemetry::prometheus::CONTENT_TYPE)], body)
 }

@@ -11,6 +11,10 @@
 //! headers ([`set_parent_from_headers`]), written onto a job row by the request that enqueues it
 //! ([`current_traceparent`]) and read back by the worker that runs it
 //! ([`set_parent_from_traceparent`]).
+//!
+//! [`prometheus`] holds what the API's and the worker's `/metrics` share.
+
+pub mod prometheus;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -16,6 +16,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use breakwater_telemetry::prometheus::{CONTENT_TYPE, advance, encode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -177,18 +178,8 @@ impl Metrics {
         advance(&self.pruned, counts.pruned);
         advance(&self.connections_opened, counts.client.connections_opened);
         advance(&self.connections_reused, counts.client.reused);
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        encode(&self.registry)
     }
-}
-
-/// Moves a counter up to a total the worker keeps since start (scrapes are serialized and the
-/// totals only grow, so the counter ends equal to the total).
-fn advance(counter: &Counter, total: u64) {
-    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 /// Serves `GET /metrics` and `GET /health` (200 and the worker's counts, as JSON) on `listener`
@@ -202,7 +193,7 @@ pub async fn serve(listener: tokio::net::TcpListener, worker: Worker, stop: Canc
 }
 
 async fn scrape(State(worker): State<Worker>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], worker.render_metrics())
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], worker.render_metrics())
 }
 
 async fn health(State(worker): State<Worker>) -> impl IntoResponse {
