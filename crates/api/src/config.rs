@@ -47,6 +47,11 @@ pub struct DatabaseConfig {
     /// PostgreSQL `statement_timeout` for every connection, in milliseconds.
     #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
     pub db_statement_timeout_ms: u64,
+    /// A pooled connection idle at least this long is pinged (one round trip) before a request
+    /// gets it, in milliseconds; one used more recently is handed out as it is (sqlx pings each
+    /// connection as it goes back to the pool anyway). 0 pings on every acquire, sqlx's default.
+    #[arg(long, env = "DB_PING_AFTER_IDLE_MS", default_value_t = breakwater_domain::PING_AFTER_IDLE_MS)]
+    pub db_ping_after_idle_ms: u64,
 }
 
 impl DatabaseConfig {
@@ -67,7 +72,7 @@ impl DatabaseConfig {
             .options([("statement_timeout", self.db_statement_timeout_ms.to_string())])
             .application_name("breakwater")
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
-        Ok(sqlx::postgres::PgPoolOptions::new()
+        Ok(breakwater_domain::pool_options(Duration::from_millis(self.db_ping_after_idle_ms))
             .max_connections(self.db_pool_size)
             .min_connections(0)
             .acquire_timeout(self.acquire_timeout())

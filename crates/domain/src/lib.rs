@@ -25,6 +25,31 @@ pub use ids::{TenantId, UserId, new_id};
 /// The PostgreSQL pool every repository function runs on.
 pub type Pool = sqlx::PgPool;
 
+/// How long, in milliseconds, a pooled connection may sit idle and still be handed out without a
+/// ping: HikariCP's `aliveBypassWindowMs` (500 ms).
+pub const PING_AFTER_IDLE_MS: u64 = 500;
+
+/// Pool options that ping a connection before handing it out only when it sat idle at least
+/// `ping_after_idle` (zero: every time, sqlx's default).
+///
+/// sqlx pings each connection it hands out (`test_before_acquire`) and again, in a task of its
+/// own, each time one goes back to the pool. The first ping puts a round trip in front of every
+/// query; under load it checks a connection that the second ping checked a moment ago. A
+/// connection that sat idle is still pinged, so one the server closed meanwhile is replaced
+/// rather than failing a request. sqlx's documentation gives this hook for it
+/// (`PoolOptions::before_acquire`).
+#[must_use]
+pub fn pool_options(ping_after_idle: std::time::Duration) -> sqlx::postgres::PgPoolOptions {
+    sqlx::postgres::PgPoolOptions::new().test_before_acquire(false).before_acquire(move |conn, meta| {
+        Box::pin(async move {
+            if meta.idle_for >= ping_after_idle {
+                sqlx::Connection::ping(conn).await?;
+            }
+            Ok(true)
+        })
+    })
+}
+
 /// Applies the migrations embedded from the workspace's `migrations/` folder.
 ///
 /// # Errors

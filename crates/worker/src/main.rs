@@ -189,7 +189,7 @@ impl Config {
             SyncCommit::On => "on",
             SyncCommit::Off => "off",
         };
-        Ok(sqlx::postgres::PgPoolOptions::new()
+        Ok(breakwater_domain::pool_options(Duration::from_millis(breakwater_domain::PING_AFTER_IDLE_MS))
             .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options.application_name("breakwater-worker").options([("synchronous_commit", sync)])))

@@ -122,6 +122,8 @@ pub(crate) struct Pool {
     acquire_timeout_ms: u64,
     /// PostgreSQL `statement_timeout`, ms.
     statement_timeout_ms: u64,
+    /// A connection idle at least this long is pinged before use, ms (0: every time).
+    ping_after_idle_ms: u64,
 }
 
 /// Every limit of every layer, with live values.
@@ -178,6 +180,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 in_use: (size as usize).saturating_sub(idle),
                 acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
                 statement_timeout_ms: cfg.db.db_statement_timeout_ms,
+                ping_after_idle_ms: cfg.db.db_ping_after_idle_ms,
             },
             postgres: Postgres { max_connections },
             jobs,
