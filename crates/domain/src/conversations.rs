@@ -170,7 +170,7 @@ pub async fn list(
 /// # Errors
 /// As above, or a database error.
 #[tracing::instrument(name = "db conversations.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Conversation> {
+pub async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Conversation> {
     sqlx::query_as!(
         Conversation,
         r#"SELECT c.id, c.inbox_id, c.contact_id, ct.name AS contact_name, c.assignee_id,
@@ -182,7 +182,7 @@ pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Conversation
         tenant.0,
         id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?
     .ok_or(DomainError::NotFound)
 }
@@ -219,8 +219,10 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewConversation) -> Resu
     )
     .execute(&mut *tx)
     .await?;
+    // Read back on the same connection: one pool checkout per call.
+    let conversation = get(&mut *tx, tenant, id).await?;
     tx.commit().await?;
-    get(pool, tenant, id).await
+    Ok(conversation)
 }
 
 /// Changes a conversation's status and/or assignee.
@@ -234,6 +236,8 @@ pub async fn update(pool: &Pool, tenant: TenantId, id: Uuid, changes: Conversati
         Some(a) => (true, a),
         None => (false, None),
     };
+    // Both statements on one connection: one pool checkout per call.
+    let mut conn = pool.acquire().await?;
     let updated = sqlx::query_scalar!(
         r#"UPDATE conversations c
            SET status = COALESCE($3, c.status),
@@ -248,10 +252,10 @@ pub async fn update(pool: &Pool, tenant: TenantId, id: Uuid, changes: Conversati
         set_assignee,
         assignee,
     )
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?;
     if updated.is_none() {
         return Err(DomainError::NotFound);
     }
-    get(pool, tenant, id).await
+    get(&mut *conn, tenant, id).await
 }

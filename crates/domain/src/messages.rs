@@ -64,7 +64,7 @@ pub const PREVIEW_CHARS: usize = 140;
 pub const MAX_BODY_CHARS: usize = 10_000;
 
 /// Whether the conversation is visible to the tenant (exists, is theirs, contact not erased).
-async fn visible(pool: &Pool, tenant: TenantId, conversation: Uuid) -> Result<()> {
+async fn visible<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, conversation: Uuid) -> Result<()> {
     let found = sqlx::query_scalar!(
         r#"SELECT 1 AS "one!" FROM conversations c
            JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
@@ -72,7 +72,7 @@ async fn visible(pool: &Pool, tenant: TenantId, conversation: Uuid) -> Result<()
         tenant.0,
         conversation
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?;
     found.map(|_| ()).ok_or(DomainError::NotFound)
 }
@@ -91,7 +91,9 @@ pub async fn list(
     cursor: Option<&Cursor>,
     limit: u32,
 ) -> Result<Page<Message>> {
-    visible(pool, tenant, conversation).await?;
+    // Both statements on one connection: one pool checkout per call.
+    let mut conn = pool.acquire().await?;
+    visible(&mut *conn, tenant, conversation).await?;
     let n = i64::from(limit) + 1;
     let boundary = cursor.map(|c| c.time().map_err(|e| DomainError::BadQuery(e.to_string()))).transpose()?;
     let rows = match order {
@@ -109,7 +111,7 @@ pub async fn list(
                 id,
                 n
             )
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
         }
         Order::Desc => {
@@ -126,7 +128,7 @@ pub async fn list(
                 id,
                 n
             )
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
         }
     };
