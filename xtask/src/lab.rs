@@ -451,6 +451,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     lab.machine.load_average.1 = lab_report::load_average();
 
     // 3. The report.
+    lab_report::recompute(&mut lab);
     let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
     println!("\n{}", lab_report::summary(&lab));
     for w in written {

@@ -136,9 +136,11 @@ pub(crate) fn goodput(r: &Row) -> f64 {
     if r.ok > 0 && r.ok_p99_ms <= SLO_MS { r.ok_rps } else { 0.0 }
 }
 
-/// Derives goodput and what saturated again from each row's figures (for `--from-json`, so a
-/// report re-read with newer code uses its rules).
+/// Derives goodput and what saturated from each row's figures, once the run is complete (what
+/// saturated needs the whole lab: the API's CPU allowance, the database's quota). `--from-json`
+/// calls it again, so a report re-read with newer code uses its rules.
 pub(crate) fn recompute(lab: &mut Lab) {
+    let cores = api_cores(lab);
     let mut rows: Vec<&mut Row> = Vec::new();
     if let Some(c) = lab.capacity.as_mut() {
         rows.extend(c.calibration.iter_mut());
@@ -149,8 +151,17 @@ pub(crate) fn recompute(lab: &mut Lab) {
     }
     for r in rows {
         r.goodput_rps = goodput(r);
-        r.saturated = saturated(r);
+        r.saturated = saturated(r, cores);
     }
+    for v in &mut lab.variants {
+        db_cap_evidence(&mut v.change.phases, v.change.db_cap.as_ref());
+    }
+}
+
+/// The CPU the API could use: its quota when pinned, the machine's cores when it ran unpinned.
+#[allow(clippy::cast_precision_loss)]
+fn api_cores(lab: &Lab) -> f64 {
+    if lab.machine.unpinned.is_some() { lab.machine.cores as f64 } else { lab.plan.api_cpus }
 }
 
 /// A valid step whose admitted p99 met 200 ms, refusing at most 1% and erring at most 0.1%.
@@ -356,7 +367,8 @@ fn series<'a>(s: &'a StepReport, key: &str) -> Option<&'a breakwater_loadlab::re
     s.server.get(key)
 }
 
-/// The rows of a run: each step with the samples of its window and what saturated.
+/// The rows of a run: each step with the samples of its window (what saturated is filled in by
+/// [`recompute`]).
 pub(crate) fn rows(run: &PhaseRun, capacity: Option<f64>) -> Vec<Row> {
     let mut out = Vec::new();
     let mut timeouts_before = 0.0;
@@ -408,7 +420,6 @@ pub(crate) fn rows(run: &PhaseRun, capacity: Option<f64>) -> Vec<Row> {
             r.api_cpu_cores = series(s, "proc.cpu_cores").map(|x| x.mean);
             r.api_cpu_s = r.api_cpu_cores.map(|c| c * s.elapsed_s);
         }
-        r.saturated = saturated(&r);
         out.push(r);
     }
     out
@@ -451,7 +462,7 @@ fn window(r: &mut Row, samples: &[XSample], start: f64, end: f64) {
 }
 
 /// What saturated during a step, strongest evidence first; empty when nothing did.
-pub(crate) fn saturated(r: &Row) -> Vec<String> {
+pub(crate) fn saturated(r: &Row, api_cores: f64) -> Vec<String> {
     let mut out = Vec::new();
     match (r.throttled_share, r.api_cpu_cores) {
         (Some(t), c) if t >= 0.5 => out.push(format!(
@@ -459,7 +470,7 @@ pub(crate) fn saturated(r: &Row) -> Vec<String> {
             t * 100.0,
             c.map_or(String::new(), |c| format!(", {c:.2} cores"))
         )),
-        (None, Some(c)) if c >= 0.9 * QUOTA => out.push(format!("API CPU ({c:.2} cores of {QUOTA})")),
+        (None, Some(c)) if c >= 0.9 * api_cores => out.push(format!("API CPU ({c:.2} cores of {api_cores})")),
         _ => {}
     }
     let waiting = r.pool_waiting_mean.unwrap_or(0.0);
@@ -501,9 +512,14 @@ pub(crate) fn change(run: &PhaseRun) -> Change {
         .collect();
     let slowed: Vec<f64> = run.report.samples.iter().filter(|s| s.step == Some(1)).map(|s| s.t_s).collect();
     let slowed = slowed.first().zip(slowed.last()).map(|(a, b)| (*a, *b));
-    let mut phases = rows(run, None);
-    // The sampler sees PostgreSQL's CPU as a whole; under the quota, the quota is the evidence.
-    if let (Some(c), Some(row)) = (&run.db_cap, phases.get_mut(1))
+    let phases = rows(run, None);
+    Change { phases, timeline, slowed, burn: run.burn.clone(), db_cap: run.db_cap.clone() }
+}
+
+/// The sampler sees PostgreSQL's CPU as a whole; under the quota of the slowed phase (the second),
+/// the quota is the evidence, named first.
+fn db_cap_evidence(phases: &mut [Row], cap: Option<&DbCapRecord>) {
+    if let (Some(c), Some(row)) = (cap, phases.get_mut(1))
         && c.throttled_share >= 0.5
     {
         row.saturated.insert(
@@ -511,7 +527,6 @@ pub(crate) fn change(run: &PhaseRun) -> Change {
             format!("database CPU quota (throttled in {:.0}% of periods, {} cores)", c.throttled_share * 100.0, c.cpus),
         );
     }
-    Change { phases, timeline, slowed, burn: run.burn.clone(), db_cap: run.db_cap.clone() }
 }
 
 /// CPU seconds of every process named `postgres` (the server and its backends), by pid, from `/proc`.
@@ -1286,7 +1301,7 @@ mod tests {
     #[test]
     fn saturation_names_each_piece_of_evidence() {
         let mut r = Row { valid: true, ..Row::default() };
-        assert!(saturated(&r).is_empty(), "nothing to report");
+        assert!(saturated(&r, QUOTA).is_empty(), "nothing to report");
         r.throttled_share = Some(0.8);
         r.api_cpu_cores = Some(0.25);
         r.pool_waiting_mean = Some(3.0);
@@ -1295,7 +1310,7 @@ mod tests {
         r.in_flight_mean = Some(19.0);
         r.valid = false;
         r.invalid = vec!["send lag".into()];
-        let s = saturated(&r).join(" | ");
+        let s = saturated(&r, QUOTA).join(" | ");
         for needle in [
             "API CPU quota (throttled in 80%",
             "DB pool (3.0 waiting",
@@ -1305,9 +1320,40 @@ mod tests {
         ] {
             assert!(s.contains(needle), "{needle} in {s}");
         }
-        // Without the cgroup's counters, the process's CPU against the quota is the evidence.
-        let unpinned = Row { valid: true, api_cpu_cores: Some(0.24), ..Row::default() };
-        assert_eq!(saturated(&unpinned), vec!["API CPU (0.24 cores of 0.25)".to_owned()]);
+        // Without the cgroup's counters, the process's CPU against what it could use is the
+        // evidence: the quota, or the machine's cores when it ran unpinned.
+        let busy = Row { valid: true, api_cpu_cores: Some(0.24), ..Row::default() };
+        assert_eq!(saturated(&busy, QUOTA), vec!["API CPU (0.24 cores of 0.25)".to_owned()]);
+        assert!(saturated(&busy, 2.0).is_empty(), "a quarter core of two is not saturation");
+        let mut lab = lab_with(vec![busy]);
+        recompute(&mut lab);
+        assert_eq!(lab.variants[0].ramp[0].saturated, vec!["API CPU (0.24 cores of 0.25)".to_owned()], "pinned");
+        lab.machine.unpinned = Some("not root".into());
+        recompute(&mut lab);
+        assert!(lab.variants[0].ramp[0].saturated.is_empty(), "unpinned, on 2 cores");
+    }
+
+    #[test]
+    fn recomputing_keeps_the_database_quota_as_the_slowed_phases_evidence() {
+        let phase = |waiting: f64| Row { valid: true, pool_waiting_mean: Some(waiting), ..Row::default() };
+        let mut lab = lab_with(Vec::new());
+        lab.variants[0].change = Change {
+            phases: vec![phase(0.0), phase(12.0), phase(0.0)],
+            db_cap: Some(DbCapRecord { cpus: 0.15, backends: 10, throttled_share: 0.97, cpu_cores: Some(0.15) }),
+            ..Change::default()
+        };
+        // Twice: a report rendered again from its JSON says the same.
+        for _ in 0..2 {
+            recompute(&mut lab);
+            let slowed = &lab.variants[0].change.phases[1].saturated;
+            assert_eq!(slowed.len(), 2, "{slowed:?}");
+            assert!(
+                slowed[0].starts_with("database CPU quota (throttled in 97% of periods, 0.15 cores)"),
+                "{slowed:?}"
+            );
+            assert!(slowed[1].starts_with("DB pool (12.0 waiting"), "{slowed:?}");
+            assert!(lab.variants[0].change.phases[0].saturated.is_empty());
+        }
     }
 
     fn lab_with(ramp: Vec<Row>) -> Lab {
