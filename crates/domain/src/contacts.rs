@@ -184,7 +184,7 @@ pub async fn list(
 /// # Errors
 /// [`DomainError::NotFound`] when unknown, another tenant's, or erased.
 #[tracing::instrument(name = "db contacts.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
-pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Contact> {
+pub async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Contact> {
     sqlx::query_as!(
         Contact,
         r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
@@ -199,7 +199,7 @@ pub async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Contact> {
         tenant.0,
         id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?
     .ok_or(DomainError::NotFound)
 }
@@ -220,6 +220,8 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
         return Err(DomainError::Invalid("email must be an address of 3 to 320 characters".into()));
     }
     let id = new_id();
+    // Both statements on one connection: one pool checkout per call.
+    let mut conn = pool.acquire().await?;
     sqlx::query!(
         "INSERT INTO contacts (tenant_id, id, name, email) VALUES ($1, $2, $3, $4)",
         tenant.0,
@@ -227,9 +229,9 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
         name,
         new.email
     )
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
-    get(pool, tenant, id).await
+    get(&mut *conn, tenant, id).await
 }
 
 /// Requests the privacy erasure (PDPA/GDPR) of a contact: in one transaction the contact is

@@ -200,11 +200,13 @@ pub async fn post(
             )
             .fetch_one(&mut *tx)
             .await?;
-            tx.rollback().await?;
             if first.request_hash != hash {
+                tx.rollback().await?;
                 return Err(DomainError::Conflict("Idempotency-Key was already used for a different request".into()));
             }
-            let message = get(pool, tenant, first.message_id).await?;
+            // The first request's message, read on this connection (one pool checkout per call).
+            let message = get(&mut *tx, tenant, first.message_id).await?;
+            tx.rollback().await?;
             return Ok(Posted { message, replayed: true });
         }
     }
@@ -263,7 +265,7 @@ pub async fn post(
     Ok(Posted { message, replayed: false })
 }
 
-async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Message> {
+async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Message> {
     sqlx::query_as!(
         Message,
         r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
@@ -271,7 +273,7 @@ async fn get(pool: &Pool, tenant: TenantId, id: Uuid) -> Result<Message> {
         tenant.0,
         id
     )
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await?
     .ok_or(DomainError::NotFound)
 }
