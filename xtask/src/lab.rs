@@ -75,6 +75,18 @@ pub(crate) struct LabArgs {
     /// lab's off, static, adaptive, adaptive-cpu-0.95 is an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
+    /// Skip the calibration and run at this capacity (req/s): to compare two builds at the same
+    /// offered load, since the calibration moves from run to run on a shared machine. An
+    /// experiment, reported like --api-cpus.
+    #[arg(long, value_name = "RPS", value_parser = parse_capacity)]
+    capacity: Option<f64>,
+}
+
+fn parse_capacity(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(rps) if rps.is_finite() && rps >= 1.0 => Ok(rps),
+        _ => Err(format!("{s:?} is not a rate of at least 1 request per second")),
+    }
 }
 
 /// Every run of a variant, in order.
@@ -130,6 +142,9 @@ pub(crate) struct Plan {
     /// the option existed ran the three of the time.
     #[serde(default = "legacy_variants")]
     pub(crate) variants: Vec<String>,
+    /// The capacity given with `--capacity` instead of calibrated (experiments only).
+    #[serde(default)]
+    pub(crate) given_capacity: Option<f64>,
     pub(crate) sweep_callers: Vec<usize>,
     pub(crate) sweep_step_s: f64,
     pub(crate) calibration_rps: Vec<f64>,
@@ -156,6 +171,7 @@ impl Plan {
             api_cpus: quarter_core(),
             phases: every_phase(),
             variants: every_variant(),
+            given_capacity: None,
             sweep_callers: vec![4, 16, 32, 192],
             sweep_step_s: 10.0,
             calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0],
@@ -191,9 +207,10 @@ impl Plan {
     }
 
     /// Whether this is an experiment rather than the lab at the production shape: another CPU
-    /// quota for the API, or only some of the runs.
+    /// quota for the API, only some of the runs or variants, or a capacity given, not measured.
     pub(crate) fn is_experiment(&self) -> bool {
         (self.api_cpus - quarter_core()).abs() > 1e-9
+            || self.given_capacity.is_some()
             || self.phases != every_phase()
             || (self.variants != every_variant() && self.variants != legacy_variants())
     }
@@ -275,6 +292,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     if !args.variants.is_empty() {
         plan.variants.clone_from(&args.variants);
     }
+    plan.given_capacity = args.capacity;
     if !args.only.is_empty() {
         plan.phases = PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
     }
@@ -398,8 +416,14 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant. (The
     // noisy-neighbour rate depends on it: the profiles file is written again below.)
     std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(1.0))?;
-    let cal = ctx.phase("adaptive", "calibrate", Throttles::Off, Load::Profile("lab-calibrate", None), None).await?;
-    let capacity = Capacity::from_calibration(&cal, plan.quick)?;
+    let capacity = match plan.given_capacity {
+        Some(rps) => Capacity { rps, how: "given with --capacity, not measured".into(), calibration: Vec::new() },
+        None => {
+            let cal =
+                ctx.phase("adaptive", "calibrate", Throttles::Off, Load::Profile("lab-calibrate", None), None).await?;
+            Capacity::from_calibration(&cal, plan.quick)?
+        }
+    };
     log(&format!("capacity {:.0} req/s ({})", capacity.rps, capacity.how));
     lab.capacity = Some(capacity.clone());
 
@@ -1157,5 +1181,25 @@ mod tests {
         assert!(plan.is_experiment());
         plan.variants = legacy_variants();
         assert!(!plan.is_experiment(), "a full lab.json from before --variants");
+    }
+
+    #[test]
+    fn a_given_capacity_is_a_rate_and_makes_an_experiment() {
+        assert_eq!(parse_capacity("1200"), Ok(1200.0));
+        for bad in ["0", "0.5", "-3", "NaN", "inf", "fast"] {
+            assert!(parse_capacity(bad).is_err(), "{bad}");
+        }
+        let mut plan = Plan::new(false);
+        plan.given_capacity = Some(1200.0);
+        assert!(plan.is_experiment(), "never into docs/PERFORMANCE.md");
+        let old: Plan = serde_json::from_value({
+            let mut v = serde_json::to_value(Plan::new(false)).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("given_capacity");
+            }
+            v
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!old.is_experiment(), "a lab.json from before --capacity");
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use breakwater_loadlab::html::{RGBColor, Series, chart};
-use breakwater_loadlab::report::{Report, StepReport};
+use breakwater_loadlab::report::{Report, StepReport, TenantReport};
 use serde::{Deserialize, Serialize};
 
 use crate::lab::{Plan, cpu_target};
@@ -310,6 +310,10 @@ pub(crate) struct Noisy {
     pub(crate) quiet_sent: u64,
     pub(crate) quiet_ok: u64,
     pub(crate) quiet_refused: u64,
+    /// The quiet tenants' refusals per envelope code (lab files written before the load lab
+    /// counted codes per tenant have none).
+    #[serde(default)]
+    pub(crate) quiet_refused_by_code: BTreeMap<String, u64>,
     pub(crate) quiet_errors: u64,
     pub(crate) quiet_success: f64,
     /// The worst quiet tenant's admitted p99 (over its users' p99s, the highest).
@@ -339,6 +343,7 @@ impl Noisy {
         let sum = |f: fn(&(u64, u64, u64, u64, f64)) -> u64| quiet.iter().map(f).sum::<u64>();
         let (quiet_sent, quiet_ok) = (sum(|q| q.0), sum(|q| q.1));
         let weighted = quiet.iter().filter(|q| q.1 > 0).map(|q| q.4 * q.1 as f64).sum::<f64>() / quiet_ok.max(1) as f64;
+        let quiet_refused_by_code = refused_by_code(run.report.tenants.iter().filter(|t| t.tenant_id != noisy_tenant));
         Some(Self {
             tenant: noisy_tenant.to_owned(),
             offered_rps: row.offered_rps.unwrap_or_default(),
@@ -349,6 +354,7 @@ impl Noisy {
             quiet_sent,
             quiet_ok,
             quiet_refused: sum(|q| q.2),
+            quiet_refused_by_code,
             quiet_errors: sum(|q| q.3),
             quiet_success: if quiet_sent == 0 { 0.0 } else { quiet_ok as f64 / quiet_sent as f64 },
             quiet_p99_worst_ms: quiet.iter().filter(|q| q.1 > 0).map(|q| q.4).fold(0.0, f64::max),
@@ -356,6 +362,17 @@ impl Noisy {
             row,
         })
     }
+}
+
+/// These tenants' refusals, added up per envelope code.
+fn refused_by_code<'a>(tenants: impl Iterator<Item = &'a TenantReport>) -> BTreeMap<String, u64> {
+    let mut codes = BTreeMap::new();
+    for t in tenants {
+        for (code, n) in &t.refused_by_code {
+            *codes.entry(code.clone()).or_default() += n;
+        }
+    }
+    codes
 }
 
 /// `0.25x`, `2x`, `10x`.
@@ -839,12 +856,13 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     if lab.plan.is_experiment() {
         let _ = writeln!(
             s,
-            "> **Experiment** (`--api-cpus`/`--only`/`--variants`): the API at {} core; variants: {}; runs of \
-             each: {}. The goals are for the full lab at the production shape; the tables of runs that were \
-             not made are empty.\n",
+            "> **Experiment** (`--api-cpus`/`--only`/`--variants`/`--capacity`): the API at {} core; variants: \
+             {}; runs of each: {}; capacity {}. The goals are for the full lab at the production shape; the \
+             tables of runs that were not made are empty.\n",
             lab.plan.api_cpus,
             lab.plan.variants.join(", "),
-            lab.plan.phases.join(", ")
+            lab.plan.phases.join(", "),
+            lab.plan.given_capacity.map_or_else(|| "calibrated".to_owned(), |c| format!("{c:.0} req/s, given"))
         );
     }
     if lab.plan.quick {
@@ -882,8 +900,14 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     }
 
     if let Some(c) = &lab.capacity {
-        let _ = writeln!(s, "\n### Capacity\n\n**{:.0} req/s**: {}. Calibration steps:\n", c.rps, c.how);
-        let _ = writeln!(s, "| offered/s | 2xx/s | p99 ms | refused | errors | saturated |\n|---|---|---|---|---|---|");
+        let _ = write!(s, "\n### Capacity\n\n**{:.0} req/s**: {}.", c.rps, c.how);
+        if !c.calibration.is_empty() {
+            let _ = writeln!(s, " Calibration steps:\n");
+            let _ =
+                writeln!(s, "| offered/s | 2xx/s | p99 ms | refused | errors | saturated |\n|---|---|---|---|---|---|");
+        } else {
+            let _ = writeln!(s);
+        }
         for r in &c.calibration {
             let _ = writeln!(
                 s,
@@ -1042,14 +1066,22 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "| variant | offered/s | noisy: sent / 2xx / refused | quiet tenants | quiet: sent / 2xx | quiet success | quiet p99 worst / weighted ms | refusal codes | saturated |\n|---|---|---|---|---|---|---|---|---|"
+        "| variant | offered/s | noisy: sent / 2xx / refused | quiet tenants | quiet: sent / 2xx | quiet success | quiet refusals | quiet p99 worst / weighted ms | refusal codes | saturated |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     for v in &lab.variants {
         if let Some(n) = &v.noisy {
             let codes: Vec<String> = n.row.refusal_codes.iter().map(|(k, c)| format!("{k} {c}")).collect();
+            let quiet_codes = if n.quiet_refused == 0 {
+                "none".to_owned()
+            } else if n.quiet_refused_by_code.is_empty() {
+                "-".to_owned()
+            } else {
+                let codes: Vec<String> = n.quiet_refused_by_code.iter().map(|(k, c)| format!("{k} {c}")).collect();
+                codes.join(", ")
+            };
             let _ = writeln!(
                 s,
-                "| {} | {:.0} | {} / {} / {} | {} | {} / {} | {} | {:.1} / {:.1} | {} | {} |",
+                "| {} | {:.0} | {} / {} / {} | {} | {} / {} | {} | {} | {:.1} / {:.1} | {} | {} |",
                 v.name,
                 n.offered_rps,
                 n.noisy_sent,
@@ -1059,6 +1091,7 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
                 n.quiet_sent,
                 n.quiet_ok,
                 pct(n.quiet_success),
+                quiet_codes,
                 n.quiet_p99_worst_ms,
                 n.quiet_p99_weighted_ms,
                 codes.join(", "),
@@ -1443,6 +1476,59 @@ mod tests {
         assert_eq!(g.measured, "0.9496 of peak");
         let g = check("admitted p99 at 2x", "<= 200 ms", Some(200.04), "ms", |v| v <= 200.0, 200.0);
         assert_eq!((g.measured.as_str(), g.met), ("200.04 ms", Some(false)));
+    }
+
+    #[test]
+    fn the_noisy_table_gives_the_quiet_tenants_refusals_by_code() {
+        let tenant = |id: &str, codes: &[(&str, u64)]| TenantReport {
+            tenant_id: id.into(),
+            weight: 1.0,
+            sent: 10,
+            share: 0.1,
+            ok: 10 - codes.iter().map(|c| c.1).sum::<u64>(),
+            refused: codes.iter().map(|c| c.1).sum(),
+            refused_by_code: codes.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            errors: 0,
+            refused_share: 0.0,
+            ok_p99_ms: 1.0,
+        };
+        let tenants = [
+            tenant("noisy", &[("rate_limited", 5)]),
+            tenant("a", &[("load_shed", 2)]),
+            tenant("a", &[("load_shed", 1), ("queue_timeout", 1)]),
+            tenant("b", &[]),
+        ];
+        let quiet = refused_by_code(tenants.iter().filter(|t| t.tenant_id != "noisy"));
+        assert_eq!(quiet, BTreeMap::from([("load_shed".into(), 3), ("queue_timeout".into(), 1)]));
+
+        let noisy = |name: &str, refused: u64, codes: &BTreeMap<String, u64>| Variant {
+            name: name.into(),
+            noisy: Some(Noisy {
+                tenant: "noisy".into(),
+                offered_rps: 100.0,
+                noisy_sent: 10,
+                noisy_ok: 5,
+                noisy_refused: 5,
+                quiet_tenants: 2,
+                quiet_sent: 30,
+                quiet_ok: 30 - refused,
+                quiet_refused: refused,
+                quiet_refused_by_code: codes.clone(),
+                quiet_errors: 0,
+                quiet_success: 0.9,
+                quiet_p99_worst_ms: 1.0,
+                quiet_p99_weighted_ms: 1.0,
+                row: Row::default(),
+            }),
+            ..Variant::default()
+        };
+        let mut lab = lab_with(Vec::new());
+        lab.variants = vec![noisy("counted", 4, &quiet), noisy("older", 4, &BTreeMap::new()), noisy("none", 0, &quiet)];
+        let md = markdown(&lab, "lab/");
+        let line = |v: &str| md.lines().find(|l| l.starts_with(&format!("| {v} |"))).unwrap_or_default().to_owned();
+        assert!(line("counted").contains("| load_shed 3, queue_timeout 1 |"), "{}", line("counted"));
+        assert!(line("older").contains("| 90.0% | - |"), "not counted per tenant: {}", line("older"));
+        assert!(line("none").contains("| 90.0% | none |"), "{}", line("none"));
     }
 
     #[test]

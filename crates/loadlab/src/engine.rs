@@ -392,12 +392,16 @@ impl Engine {
                     sent: 0,
                     ok: 0,
                     refused: 0,
+                    refused_by_code: BTreeMap::new(),
                     errors: 0,
                     ok_latency: crate::stats::Hist::coarse(),
                 });
                 e.sent += c.sent;
                 e.ok += c.ok;
                 e.refused += c.refused;
+                for (code, n) in c.refused_by_code {
+                    *e.refused_by_code.entry(code).or_default() += n;
+                }
                 e.errors += c.errors;
                 e.ok_latency.add(&c.ok_latency);
             }
@@ -446,6 +450,7 @@ impl Engine {
                     share: c.sent as f64 / total.max(1) as f64,
                     ok: c.ok,
                     refused: c.refused,
+                    refused_by_code: c.refused_by_code.clone(),
                     errors: c.errors,
                     refused_share: c.refused as f64 / c.sent.max(1) as f64,
                     ok_p99_ms: c.ok_latency.summary().p99_ms,

@@ -172,6 +172,9 @@ pub struct TenantReport {
     pub share: f64,
     pub ok: u64,
     pub refused: u64,
+    /// Refusals per envelope `code` (absent in reports written before it was counted).
+    #[serde(default)]
+    pub refused_by_code: BTreeMap<String, u64>,
     pub errors: u64,
     pub refused_share: f64,
     pub ok_p99_ms: f64,

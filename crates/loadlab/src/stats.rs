@@ -134,6 +134,7 @@ struct TenantAcc {
     sent: u64,
     ok: u64,
     refused: u64,
+    refused_by_code: BTreeMap<String, u64>,
     errors: u64,
     ok_latency: Hist,
 }
@@ -214,7 +215,10 @@ impl StepRecorder {
                     acc.ok += 1;
                     acc.ok_latency.record(corrected);
                 }
-                Outcome::Refused { .. } => acc.refused += 1,
+                Outcome::Refused { code, .. } => {
+                    acc.refused += 1;
+                    *acc.refused_by_code.entry(code.clone()).or_default() += 1;
+                }
                 Outcome::Error { .. } => acc.errors += 1,
             }
         }
@@ -292,6 +296,7 @@ impl StepRecorder {
                         sent: t.sent,
                         ok: t.ok,
                         refused: t.refused,
+                        refused_by_code: t.refused_by_code.clone(),
                         errors: t.errors,
                         ok_latency: t.ok_latency.clone(),
                     },
@@ -334,6 +339,37 @@ pub struct TenantCounts {
     pub sent: u64,
     pub ok: u64,
     pub refused: u64,
+    pub refused_by_code: BTreeMap<String, u64>,
     pub errors: u64,
     pub ok_latency: Hist,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Outcome;
+
+    #[test]
+    fn refusals_are_counted_per_tenant_by_code() {
+        let t0 = Instant::now();
+        let refused = |code: &str| Outcome::Refused { code: code.into(), retry_after: true };
+        let outcomes = [
+            (Some(0), Outcome::Ok),
+            (Some(0), refused("rate_limited")),
+            (Some(0), refused("rate_limited")),
+            (Some(1), refused("load_shed")),
+            (Some(1), Outcome::error("timeout")),
+            (None, refused("load_shed")),
+        ];
+        let mut rec = StepRecorder::new();
+        for (tenant, outcome) in &outcomes {
+            rec.record(&Sample { intended: t0, actual: t0, end: t0, outcome, tenant: *tenant, endpoint: "inbox" });
+        }
+        let counts: BTreeMap<usize, TenantCounts> = rec.tenant_counts().into_iter().collect();
+        let codes = |i: usize| counts[&i].refused_by_code.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>();
+        assert_eq!((counts[&0].sent, counts[&0].ok, counts[&0].refused), (3, 1, 2));
+        assert_eq!(codes(0), [("rate_limited", 2)]);
+        assert_eq!((counts[&1].refused, counts[&1].errors), (1, 1));
+        assert_eq!(codes(1), [("load_shed", 1)], "an error is not a refusal, and the untagged request is no tenant's");
+    }
 }
