@@ -484,7 +484,8 @@ impl ClassState {
     fn flooding(&self, tenant: Option<u64>, now: Instant, cfg: &AdmissionConfig) -> bool {
         let backlog = self.backlog(now, cfg);
         let busy = self.controller.limit().min(self.in_flight.max(1));
-        flooding(&self.tenant_slots, busy, tenant, backlog, cfg)
+        let waiting = self.queue.queued(tenant) > 0;
+        flooding(&self.tenant_slots, busy, tenant, waiting, backlog, cfg)
     }
 
     /// Hands free slots to waiters: the waiting tenant with the smallest footprint (slots held
@@ -496,7 +497,8 @@ impl ClassState {
             let backlog = self.backlog(now, cfg);
             let Some(w) = self.queue.pop(
                 |k| slots.get(&k).copied().unwrap_or(0),
-                |k| cfg.adaptive_lifo && flooding(slots, busy, k, backlog, cfg),
+                // Only tenants with waiters are asked.
+                |k| cfg.adaptive_lifo && flooding(slots, busy, k, true, backlog, cfg),
             ) else {
                 break;
             };
@@ -509,24 +511,28 @@ impl ClassState {
 }
 
 /// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
-/// this tenant: it holds over twice its share of the `busy` slots, or it is the only tenant.
-/// A tenant at or under its share keeps the normal wait and order.
+/// this tenant: it holds slots or has waiters, and either it holds over twice its share of the
+/// `busy` slots or a single tenant holds them all. A tenant at or under its share keeps the normal
+/// wait and order, and so does a newcomer with no slot and no waiter: at a small limit a flooding
+/// tenant often holds every slot, and a light tenant arriving then is not the cause of the
+/// overload.
 fn flooding(
     slots: &HashMap<Option<u64>, usize, KeyHasher>,
     busy: usize,
     tenant: Option<u64>,
+    waiting: bool,
     backlog: Duration,
     cfg: &AdmissionConfig,
 ) -> bool {
     if backlog < cfg.codel_interval {
         return false;
     }
-    let holders = slots.len();
-    if holders <= 1 {
-        return true;
-    }
     let held = slots.get(&tenant).copied().unwrap_or(0);
-    held * holders > 2 * busy
+    if held == 0 && !waiting {
+        return false;
+    }
+    let holders = slots.len();
+    holders <= 1 || held * holders > 2 * busy
 }
 impl WindowSummary {
     fn throughput(&self) -> f64 {

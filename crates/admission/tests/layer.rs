@@ -331,6 +331,37 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
     assert_eq!(outcomes, [Some((StatusCode::OK, None)), full, full]);
 }
 
+/// At a small limit one flooding tenant often holds every slot. A light tenant arriving then is
+/// not "the only tenant" of sustained overload: it keeps the normal wait (and is served first),
+/// where the flooding tenant gets the short one.
+#[tokio::test(start_paused = true)]
+async fn in_sustained_overload_a_light_tenant_keeps_the_normal_wait() {
+    let a = admission(static_config(1, 8));
+    let gate = Gate::new();
+    let svc = admitted(&a, gate.clone());
+    let _holder = tokio::spawn(status(svc.clone(), request("/", Some(1))));
+    run_pending().await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let t0 = Instant::now();
+    let timed = |svc: common::Admitted<Gate>, tenant: u64| async move {
+        let out = status(svc, request("/", Some(tenant))).await;
+        (out.0, out.1.map(|r| r.reason), t0.elapsed())
+    };
+    let flooder = tokio::spawn(timed(svc.clone(), 1));
+    let light = tokio::spawn(timed(svc.clone(), 2));
+    run_pending().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gate.open.add_permits(2); // the holder finishes after 20 ms; then whoever got its slot
+    let flooder = flooder.await.ok();
+    let light = light.await.ok();
+    assert_eq!(
+        flooder,
+        Some((StatusCode::SERVICE_UNAVAILABLE, Some(RefusalReason::QueueTimeout), Duration::from_millis(5))),
+        "the flooding tenant gets the overload wait"
+    );
+    assert_eq!(light, Some((StatusCode::OK, None, Duration::from_millis(20))), "the light tenant waits for the slot");
+}
+
 /// The control for the coop-budget test: tower's own `LoadShed` over the same `Buffer` does
 /// shed, with nothing overloaded. If this ever stops failing the other way, the trap is gone.
 #[tokio::test]
