@@ -174,7 +174,7 @@ impl Plan {
             given_capacity: None,
             sweep_callers: vec![4, 16, 32, 192],
             sweep_step_s: 10.0,
-            calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0],
+            calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0, 2000.0],
             calibration_step_s: 5.0,
             ramp_multiples: vec![0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0],
             ramp_step_s: 12.0,

@@ -900,7 +900,13 @@ pub(crate) fn markdown(lab: &Lab, img: &str) -> String {
     }
 
     if let Some(c) = &lab.capacity {
-        let _ = write!(s, "\n### Capacity\n\n**{:.0} req/s**: {}.", c.rps, c.how);
+        let top = c.calibration.iter().filter_map(|r| r.offered_rps).fold(0.0, f64::max);
+        let at_top = if !c.calibration.is_empty() && c.rps >= top {
+            " This is the calibration's highest rate: the capacity may be higher."
+        } else {
+            ""
+        };
+        let _ = write!(s, "\n### Capacity\n\n**{:.0} req/s**: {}.{at_top}", c.rps, c.how);
         if !c.calibration.is_empty() {
             let _ = writeln!(s, " Calibration steps:\n");
             let _ =
@@ -1529,6 +1535,16 @@ mod tests {
         assert!(line("counted").contains("| load_shed 3, queue_timeout 1 |"), "{}", line("counted"));
         assert!(line("older").contains("| 90.0% | - |"), "not counted per tenant: {}", line("older"));
         assert!(line("none").contains("| 90.0% | none |"), "{}", line("none"));
+    }
+
+    #[test]
+    fn a_capacity_at_the_calibrations_top_rate_says_it_may_be_higher() {
+        let mut lab = lab_with(Vec::new());
+        let steps = vec![row("100", 1.0, 100.0, 5.0, 0.0), row("200", 2.0, 200.0, 9.0, 0.0)];
+        lab.capacity = Some(Capacity { rps: 200.0, how: "calibrated".into(), calibration: steps.clone() });
+        assert!(markdown(&lab, "lab/").contains("the capacity may be higher"));
+        lab.capacity = Some(Capacity { rps: 100.0, how: "calibrated".into(), calibration: steps });
+        assert!(!markdown(&lab, "lab/").contains("the capacity may be higher"));
     }
 
     #[test]
