@@ -511,11 +511,11 @@ impl ClassState {
 }
 
 /// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
-/// this tenant: it holds slots or has waiters, and either it holds over twice its share of the
-/// `busy` slots or a single tenant holds them all. A tenant at or under its share keeps the normal
-/// wait and order, and so does a newcomer with no slot and no waiter: at a small limit a flooding
-/// tenant often holds every slot, and a light tenant arriving then is not the cause of the
-/// overload.
+/// this tenant: it holds over twice its share of the `busy` slots, or it is the one tenant
+/// holding any, or nobody holds one and it waits. A tenant at or under its share keeps the normal
+/// wait and order, and so does one holding no slot while another holds them all: at a small limit
+/// a flooding tenant often holds every slot, and a light tenant arriving then, or queueing a
+/// second request, is not the cause of the overload.
 fn flooding(
     slots: &HashMap<Option<u64>, usize, KeyHasher>,
     busy: usize,
@@ -528,11 +528,11 @@ fn flooding(
         return false;
     }
     let held = slots.get(&tenant).copied().unwrap_or(0);
-    if held == 0 && !waiting {
-        return false;
-    }
     let holders = slots.len();
-    holders <= 1 || held * holders > 2 * busy
+    if held == 0 {
+        return holders == 0 && waiting;
+    }
+    holders == 1 || held * holders > 2 * busy
 }
 impl WindowSummary {
     fn throughput(&self) -> f64 {

@@ -333,7 +333,8 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
 
 /// At a small limit one flooding tenant often holds every slot. A light tenant arriving then is
 /// not "the only tenant" of sustained overload: it keeps the normal wait (and is served first),
-/// where the flooding tenant gets the short one.
+/// where the flooding tenant gets the short one. So does its second request, arriving while its
+/// first still waits.
 #[tokio::test(start_paused = true)]
 async fn in_sustained_overload_a_light_tenant_keeps_the_normal_wait() {
     let a = admission(static_config(1, 8));
@@ -350,16 +351,20 @@ async fn in_sustained_overload_a_light_tenant_keeps_the_normal_wait() {
     let flooder = tokio::spawn(timed(svc.clone(), 1));
     let light = tokio::spawn(timed(svc.clone(), 2));
     run_pending().await;
+    let light_again = tokio::spawn(timed(svc.clone(), 2));
+    run_pending().await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    gate.open.add_permits(2); // the holder finishes after 20 ms; then whoever got its slot
+    gate.open.add_permits(3); // the holder finishes after 20 ms; then whoever gets its slot
     let flooder = flooder.await.ok();
     let light = light.await.ok();
+    let light_again = light_again.await.ok();
     assert_eq!(
         flooder,
         Some((StatusCode::SERVICE_UNAVAILABLE, Some(RefusalReason::QueueTimeout), Duration::from_millis(5))),
         "the flooding tenant gets the overload wait"
     );
     assert_eq!(light, Some((StatusCode::OK, None, Duration::from_millis(20))), "the light tenant waits for the slot");
+    assert_eq!(light_again, light, "a light tenant with a request already waiting is still light");
 }
 
 /// The control for the coop-budget test: tower's own `LoadShed` over the same `Buffer` does
