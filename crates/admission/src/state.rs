@@ -312,8 +312,9 @@ impl Admission {
                 let _ = evicted.tx.send(Outcome::Refused(refusal));
             }
         }
-        let flooding = st.flooding(tenant, now, cfg);
-        if flooding && st.queue.queued(tenant) >= st.overload_room(cfg) {
+        let queued = st.queue.queued(tenant);
+        let flooding = st.flooding(tenant, queued > 0, now, cfg);
+        if flooding && queued >= st.overload_room(cfg) {
             // Sustained overload from this tenant: it already has queued all that can drain
             // within the short wait. Refuse now rather than after the wait.
             st.shed.queue_full += 1;
@@ -481,10 +482,9 @@ impl ClassState {
         }
     }
 
-    fn flooding(&self, tenant: Option<u64>, now: Instant, cfg: &AdmissionConfig) -> bool {
+    fn flooding(&self, tenant: Option<u64>, waiting: bool, now: Instant, cfg: &AdmissionConfig) -> bool {
         let backlog = self.backlog(now, cfg);
         let busy = self.controller.limit().min(self.in_flight.max(1));
-        let waiting = self.queue.queued(tenant) > 0;
         flooding(&self.tenant_slots, busy, tenant, waiting, backlog, cfg)
     }
 
