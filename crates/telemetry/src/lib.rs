@@ -12,8 +12,10 @@
 //! ([`current_traceparent`]) and read back by the worker that runs it
 //! ([`set_parent_from_traceparent`]).
 //!
-//! [`prometheus`] holds what the API's and the worker's `/metrics` share.
+//! [`prometheus`] holds what the API's and the worker's `/metrics` share; [`emf`] writes metrics
+//! as CloudWatch embedded-metric-format log lines (for ECS, where nothing scrapes `/metrics`).
 
+pub mod emf;
 pub mod prometheus;
 
 use std::collections::HashMap;

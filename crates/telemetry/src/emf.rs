@@ -1,0 +1,163 @@
+//! CloudWatch's embedded metric format (EMF): metrics written as a JSON log line.
+//!
+//! A log event that is a JSON object with an `_aws` member naming a namespace, dimension sets
+//! and metrics becomes CloudWatch metrics when it reaches CloudWatch Logs (by the ECS `awslogs`
+//! driver, for one): no agent, no sidecar, no API call from the process. The values are the
+//! object's own members, so the line also reads as a log line. Specification:
+//! <https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html>.
+//!
+//! One [`Line`] is one event: one namespace, one dimension set, up to [`MAX_METRICS`] metrics.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+
+/// The most metrics one directive may carry (the specification's limit).
+pub const MAX_METRICS: usize = 100;
+
+/// A metric's unit, as CloudWatch names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Events counted over the line's interval.
+    Count,
+    /// A duration.
+    Seconds,
+    /// A duration.
+    Milliseconds,
+    /// A ratio or a level.
+    None,
+}
+
+impl Unit {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Count => "Count",
+            Self::Seconds => "Seconds",
+            Self::Milliseconds => "Milliseconds",
+            Self::None => "None",
+        }
+    }
+}
+
+/// One EMF event under construction.
+#[derive(Debug, Clone)]
+pub struct Line {
+    namespace: String,
+    timestamp: SystemTime,
+    dimensions: Vec<(&'static str, String)>,
+    metrics: Vec<(&'static str, Unit, f64)>,
+}
+
+impl Line {
+    /// An event in `namespace`, stamped `timestamp`.
+    #[must_use]
+    pub fn new(namespace: &str, timestamp: SystemTime) -> Self {
+        Self { namespace: namespace.to_owned(), timestamp, dimensions: Vec::new(), metrics: Vec::new() }
+    }
+
+    /// Adds a dimension: every metric of the line is published under the whole set.
+    #[must_use]
+    pub fn dimension(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.dimensions.push((name, value.into()));
+        self
+    }
+
+    /// Adds a metric. A value that is not finite (CloudWatch takes none) is left out, so one
+    /// unknown figure cannot cost the line its others.
+    pub fn metric(&mut self, name: &'static str, unit: Unit, value: f64) -> &mut Self {
+        if value.is_finite() {
+            self.metrics.push((name, unit, value));
+        }
+        self
+    }
+
+    /// The names of the metrics the line carries.
+    pub fn metric_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.metrics.iter().map(|(name, _, _)| *name)
+    }
+
+    /// The event as one line of JSON (no newline).
+    ///
+    /// # Panics
+    /// When a metric shares its name with a dimension or with another metric, or the line holds
+    /// more than [`MAX_METRICS`] metrics: the caller's names are constants, so this is a bug,
+    /// and CloudWatch would reject or misread the event.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        assert!(self.metrics.len() <= MAX_METRICS, "an EMF directive holds at most {MAX_METRICS} metrics");
+        let mut root = Map::new();
+        for (name, value) in &self.dimensions {
+            root.insert((*name).to_owned(), Value::String(value.clone()));
+        }
+        for (name, _, value) in &self.metrics {
+            let clash = root.insert((*name).to_owned(), json!(value));
+            assert!(clash.is_none(), "EMF member {name} is given twice");
+        }
+        let millis = self.timestamp.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let dimension_names: Vec<&str> = self.dimensions.iter().map(|(n, _)| *n).collect();
+        let metrics: Vec<Value> =
+            self.metrics.iter().map(|(name, unit, _)| json!({ "Name": name, "Unit": unit.as_str() })).collect();
+        root.insert(
+            "_aws".to_owned(),
+            json!({
+                "Timestamp": u64::try_from(millis).unwrap_or(u64::MAX),
+                "CloudWatchMetrics": [{
+                    "Namespace": self.namespace,
+                    "Dimensions": [dimension_names],
+                    "Metrics": metrics,
+                }],
+            }),
+        );
+        Value::Object(root).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_line_names_its_metrics_and_dimensions_and_carries_their_values() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_600_000_123);
+        let mut line = Line::new("Breakwater", at).dimension("Environment", "prod").dimension("Service", "api");
+        line.metric("Requests", Unit::Count, 42.0).metric("BusyRatio", Unit::None, 0.25);
+        let v: Value = serde_json::from_str(&line.to_json()).expect("JSON");
+        assert_eq!(v["Environment"], "prod");
+        assert_eq!(v["Service"], "api");
+        assert_eq!(v["Requests"], 42.0);
+        assert_eq!(v["BusyRatio"], 0.25);
+        let aws = &v["_aws"];
+        assert_eq!(aws["Timestamp"], 1_764_600_000_123_u64);
+        let directive = &aws["CloudWatchMetrics"][0];
+        assert_eq!(directive["Namespace"], "Breakwater");
+        assert_eq!(directive["Dimensions"], json!([["Environment", "Service"]]));
+        assert_eq!(
+            directive["Metrics"],
+            json!([{ "Name": "Requests", "Unit": "Count" }, { "Name": "BusyRatio", "Unit": "None" }])
+        );
+        assert_eq!(line.metric_names().collect::<Vec<_>>(), ["Requests", "BusyRatio"]);
+    }
+
+    #[test]
+    fn a_value_that_is_not_finite_is_left_out() {
+        let mut line = Line::new("Breakwater", SystemTime::now());
+        line.metric("Known", Unit::Count, 1.0).metric("Unknown", Unit::Seconds, f64::NAN).metric(
+            "Endless",
+            Unit::Seconds,
+            f64::INFINITY,
+        );
+        let v: Value = serde_json::from_str(&line.to_json()).expect("JSON");
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Metrics"], json!([{ "Name": "Known", "Unit": "Count" }]));
+        assert!(v.get("Unknown").is_none() && v.get("Endless").is_none(), "{v}");
+    }
+
+    #[test]
+    #[should_panic(expected = "given twice")]
+    fn a_metric_named_like_a_dimension_is_a_bug() {
+        let mut line = Line::new("Breakwater", SystemTime::now()).dimension("Service", "api");
+        line.metric("Service", Unit::Count, 1.0);
+        let _ = line.to_json();
+    }
+}
