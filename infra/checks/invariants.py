@@ -13,6 +13,10 @@
 - Secrets reach containers as secrets, never as plain environment; services run in private
   subnets without public IPs, with the circuit breaker and rollback; every imported value is
   exported by a stack deployed earlier.
+- The alarms: the API writes its CloudWatch lines by default (at least once a minute) in the
+  namespace and environment the alarms watch; every alarm notifies one of the stack's topics,
+  which the environment's key encrypts and lets CloudWatch publish to; every alarm on the app's
+  metrics watches the API tasks' line of its own environment.
 - Every checkov skip carries a reason and suppresses a check that ran (with `--checkov-json`).
 
 Usage: invariants.py [--checkov-json FILE]  (from the repository root; prints `N passed, M failed`).
@@ -31,7 +35,7 @@ import yaml
 
 ROOT = Path("infra/cloudformation")
 # Deploy order: a stack may import only what an earlier one exports.
-ORDER = ["security", "network", "data", "edge", "service"]
+ORDER = ["security", "network", "data", "edge", "service", "alarms"]
 HEALTH_ROUTES = Path("crates/api/src/routes/health.rs")
 SECRET_NAMES = re.compile(r"SECRET|PASSWORD|TOKEN|REDIS_URL", re.I)
 
@@ -323,11 +327,64 @@ def run(ts: dict[str, dict], c: Checks) -> None:
             n = export_name(out.get("Export", {}).get("Name"))
             if n:
                 exported[n] = tname
+    alarms_checks(ts, api_env, c)
     ingress_ok = any(
         "SourceSecurityGroupId" in r["Properties"] and r["Properties"]["GroupId"] == {"Ref": "ApiSecurityGroup"}
         for r in of_type(net, "AWS::EC2::SecurityGroupIngress").values()
     )
     c.check(ingress_ok, "API tasks accept traffic from the ALB's security group only")
+
+
+def alarms_checks(ts: dict[str, dict], api_env: dict, c: Checks) -> None:
+    """The API publishes the metrics the alarms watch, and every alarm reaches someone."""
+    svc, alarms, security = ts["service"], ts["alarms"], ts["security"]
+    api_c = container(svc, "api")["ContainerDefinitions"][0]
+    raw = {e["Name"]: e["Value"] for e in api_c.get("Environment", [])}
+    interval = raw.get("METRICS_EMF_INTERVAL_SECS")
+    lo, hi = bounds(svc, interval) if interval is not None else (0.0, 0.0)
+    c.check(
+        interval is not None and num(svc, interval) > 0 and hi <= 60,
+        f"the API writes its CloudWatch lines by default, at least once a minute ({lo:g}-{hi:g} s)",
+    )
+    c.check(
+        api_env.get("METRICS_EMF_NAMESPACE") == param(alarms, "MetricsNamespace").get("Default")
+        and raw.get("METRICS_EMF_ENVIRONMENT") == {"Ref": "EnvironmentName"},
+        "the API's metrics namespace and environment are the ones the alarms watch",
+    )
+    topics = set(of_type(alarms, "AWS::SNS::Topic"))
+    key = {"Fn::ImportValue": {"Fn::Sub": "${EnvironmentName}-KeyArn"}}
+    c.check(
+        topics and all(alarms["Resources"][t]["Properties"].get("KmsMasterKeyId") == key for t in topics),
+        "the alarm topics are encrypted with the environment's key",
+    )
+    statements = only(security, "AWS::KMS::Key")["KeyPolicy"]["Statement"]
+    c.check(
+        any("cloudwatch." in json.dumps(st.get("Principal", {})) and "kms:GenerateDataKey*" in st["Action"]
+            for st in statements),
+        "the key lets CloudWatch publish alarms to those topics",
+    )
+    found = of_type(alarms, "AWS::CloudWatch::Alarm")
+    c.check(len(found) >= 8, f"{len(found)} alarms")
+    for name, a in found.items():
+        p = a["Properties"]
+        actions = p.get("AlarmActions", [])
+        c.check(
+            bool(actions) and all(isinstance(x, dict) and x.get("Ref") in topics for x in actions),
+            f"{name}: notifies a topic of the stack",
+        )
+        metrics = [q["MetricStat"]["Metric"] for q in p.get("Metrics", []) if "MetricStat" in q]
+        if "MetricName" in p:
+            metrics.append(p)
+        c.check(bool(metrics), f"{name}: watches a metric")
+        for m in metrics:
+            if m["Namespace"] == {"Ref": "MetricsNamespace"}:
+                dims = {d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
+                c.check(
+                    dims == {"Environment": {"Ref": "EnvironmentName"}, "Service": "api"},
+                    f"{name}/{m['MetricName']}: the API tasks' line of this environment",
+                )
+            else:
+                c.check(m["Namespace"] == "AWS/ApplicationELB", f"{name}: the app's or the load balancer's metric")
 
 
 SKIP = re.compile(r"#\s*checkov:skip=([A-Z0-9_]+)(?::\s*(.*))?$")
@@ -399,6 +456,11 @@ def self_test(ts: dict[str, dict]) -> None:
             AssignPublicIp="ENABLED"),
         "no rollback": lambda t: first_service(t)["DeploymentConfiguration"]["DeploymentCircuitBreaker"].update(
             Rollback=False),
+        "no CloudWatch lines": lambda t: param(t["service"], "MetricsIntervalSeconds").update(Default=0),
+        "alarm without action": lambda t: next(iter(of_type(t["alarms"], "AWS::CloudWatch::Alarm").values()))[
+            "Properties"].pop("AlarmActions"),
+        "alarm on another environment": lambda t: of_type(t["alarms"], "AWS::CloudWatch::Alarm")["ThrottleDegradedAlarm"][
+            "Properties"]["Dimensions"][0].update(Value="other"),
     }
     for what, mutate in mutations.items():
         bad = copy.deepcopy(ts)

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod body_limit;
 pub mod bulkhead;
 pub mod config;
+pub mod emf;
 pub mod error;
 pub mod extract;
 pub mod metrics;
@@ -61,7 +62,7 @@ pub use state::AppState;
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Routes polled by machines, traced at debug level only.
-const PROBES: [&str; 3] = ["/health", "/ready", "/metrics"];
+pub(crate) const PROBES: [&str; 3] = ["/health", "/ready", "/metrics"];
 
 /// The routes with their inner layers (request id, trace, timeout), state applied.
 pub fn router(state: AppState) -> Router {
@@ -175,6 +176,9 @@ pub struct Running {
     pub state: AppState,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The CloudWatch lines' writer, when configured, and its stop.
+    emf: Option<tokio::task::JoinHandle<()>>,
+    emf_stop: CancellationToken,
 }
 
 impl Running {
@@ -187,7 +191,12 @@ impl Running {
         self.state.shutting_down.store(true, Ordering::Relaxed);
         tokio::time::sleep(drain_delay).await;
         self.shutdown.cancel();
-        self.task.await??;
+        let served = self.task.await;
+        self.emf_stop.cancel();
+        if let Some(emf) = self.emf {
+            emf.await?;
+        }
+        served??;
         self.state.pool.close().await;
         Ok(())
     }
@@ -231,6 +240,12 @@ pub async fn start_with_pool(
         state.config.runtime_metrics_interval(),
         shutdown.clone(),
     ));
+    // Its own stop: the last line is written once the server has drained.
+    let emf_stop = CancellationToken::new();
+    let emf = state
+        .config
+        .metrics_emf_interval()
+        .map(|every| tokio::spawn(emf::publish(state.clone(), every, emf_stop.clone())));
     let task = tokio::spawn(server::serve(
         listener,
         app(state.clone()).map_err(|e: Infallible| match e {}),
@@ -238,7 +253,7 @@ pub async fn start_with_pool(
         options,
         shutdown.clone(),
     ));
-    Ok(Running { addr, state, shutdown, task })
+    Ok(Running { addr, state, shutdown, task, emf, emf_stop })
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.

@@ -14,7 +14,7 @@
 //! they waited to be polled after being woken (the sign of a saturated runtime). Per-worker
 //! poll counts, poll-time histograms and local queue depths need `tokio_unstable`.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,29 @@ pub struct Metrics {
     tasks: tokio_metrics::TaskMonitor,
     /// Scrapes set the live gauges then encode: one at a time.
     render_lock: Mutex<()>,
+    /// Routed requests by outcome since start, probes and scrapes left out, for [`crate::emf`]
+    /// (the families above cannot be summed without encoding them).
+    outcomes: OutcomeTotals,
+}
+
+/// Routed requests by `outcome` since start.
+#[derive(Debug, Default)]
+struct OutcomeTotals {
+    ok: AtomicU64,
+    client_error: AtomicU64,
+    refused: AtomicU64,
+    error: AtomicU64,
+}
+
+/// Routed requests by outcome since start, probes and scrapes (`/health`, `/ready`, `/metrics`)
+/// left out (requests shed by admission or at accept never reach the router: the layers count
+/// those).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Outcomes {
+    pub ok: u64,
+    pub client_error: u64,
+    pub refused: u64,
+    pub error: u64,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -279,13 +302,41 @@ impl Metrics {
                 b.build()
             },
             render_lock: Mutex::new(()),
+            outcomes: OutcomeTotals::default(),
         }
     }
 
     fn record(&self, route: String, method: String, status: StatusCode, seconds: f64) {
-        let labels = RequestLabels { route, method, outcome: outcome(status) };
+        let outcome = outcome(status);
+        if !crate::PROBES.contains(&route.as_str()) {
+            let o = &self.outcomes;
+            let total = match outcome {
+                "ok" => &o.ok,
+                "client_error" => &o.client_error,
+                "refused" => &o.refused,
+                _ => &o.error,
+            };
+            total.fetch_add(1, Ordering::Relaxed);
+        }
+        let labels = RequestLabels { route, method, outcome };
         self.requests.get_or_create(&labels).inc();
         self.latency.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Routed requests by outcome since start, probes and scrapes left out.
+    pub(crate) fn outcomes(&self) -> Outcomes {
+        let o = &self.outcomes;
+        Outcomes {
+            ok: o.ok.load(Ordering::Relaxed),
+            client_error: o.client_error.load(Ordering::Relaxed),
+            refused: o.refused.load(Ordering::Relaxed),
+            error: o.error.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The runtime's busy ratio over the last sampling interval (0 before the first sample).
+    pub(crate) fn tokio_busy_ratio(&self) -> f64 {
+        self.runtime.busy_ratio.get()
     }
 
     fn render(&self, state: &AppState, queue: Option<&crate::queue_stats::Reading>) -> String {

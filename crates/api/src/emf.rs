@@ -1,0 +1,178 @@
+//! CloudWatch metrics without an agent: with `METRICS_EMF_INTERVAL_SECS` set, the API writes its
+//! figures to stdout every interval as CloudWatch embedded-metric-format lines
+//! ([`breakwater_telemetry::emf`]). On ECS the `awslogs` driver carries them to CloudWatch Logs,
+//! which turns them into metrics; the alarms in `infra/cloudformation/alarms.yaml` watch those.
+//! Nothing on ECS scrapes `/metrics`, and a collector sidecar would take CPU from a task sized
+//! at a quarter of a core.
+//!
+//! Each interval writes one line for the task (dimensions `Environment`, `Service`) and one per
+//! admission class (plus `Class`). Counters are published as what happened during the interval
+//! (CloudWatch sums them across tasks and periods); gauges as their value at the line's time.
+//! The last line is written after the server has drained, so a stopping task's final requests
+//! are counted too.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::{Duration, SystemTime};
+
+use breakwater_telemetry::emf::{Line, Unit};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Outcomes;
+use crate::state::AppState;
+
+/// The `Service` dimension of the API's lines.
+pub const SERVICE: &str = "api";
+
+/// Totals since start, kept to publish each interval's difference.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    outcomes: Outcomes,
+    admitted: u64,
+    shed: u64,
+    connections_refused: u64,
+    throttle_refused: u64,
+    throttle_redis_errors: u64,
+    bulkhead_timeouts: u64,
+    /// Per class: admitted, shed.
+    classes: HashMap<String, (u64, u64)>,
+}
+
+/// Builds the lines, remembering the totals the previous lines were computed from.
+#[derive(Debug)]
+pub struct Publisher {
+    namespace: String,
+    environment: String,
+    previous: Totals,
+}
+
+impl Publisher {
+    /// A publisher whose first lines count everything since the process started.
+    #[must_use]
+    pub fn new(namespace: &str, environment: &str) -> Self {
+        Self { namespace: namespace.to_owned(), environment: environment.to_owned(), previous: Totals::default() }
+    }
+
+    /// The lines for the interval since the previous call: the task's, then one per admission
+    /// class. Reads the job queue's figures through their cache (a query at most every
+    /// `JOBS_STATS_TTL_MS`, never longer than `JOBS_STATS_TIMEOUT_MS`).
+    pub async fn lines(&mut self, state: &AppState) -> Vec<Line> {
+        let queue = state.queue_stats.get(&state.pool).await;
+        let now = SystemTime::now();
+        let outcomes = state.metrics.outcomes();
+        let admission = state.admission.snapshot();
+        let throttles = state.throttles.status();
+        let bulkhead = state.bulkhead.status();
+        let totals = Totals {
+            outcomes,
+            admitted: admission.admitted_total,
+            shed: admission.shed.total(),
+            connections_refused: state.connections.refused() + state.connections.reset(),
+            throttle_refused: throttles.refused.tenant + throttles.refused.user + throttles.refused.ip,
+            throttle_redis_errors: throttles.redis_errors,
+            bulkhead_timeouts: bulkhead.acquire_timeouts,
+            classes: admission.classes.iter().map(|c| (c.name.clone(), (c.admitted_total, c.shed.total()))).collect(),
+        };
+        let before = std::mem::replace(&mut self.previous, totals.clone());
+        let delta = |now: u64, then: u64| count(now.saturating_sub(then));
+        let (o, p) = (&totals.outcomes, &before.outcomes);
+
+        let line = || Line::new(&self.namespace, now).dimension("Environment", &self.environment);
+        let mut task = line().dimension("Service", SERVICE);
+        task.metric(
+            "Requests",
+            Unit::Count,
+            delta(o.ok + o.client_error + o.refused + o.error, p.ok + p.client_error + p.refused + p.error),
+        )
+        .metric("ServerErrors", Unit::Count, delta(o.error, p.error))
+        .metric("Refused", Unit::Count, delta(o.refused, p.refused))
+        .metric("AdmissionAdmitted", Unit::Count, delta(totals.admitted, before.admitted))
+        .metric("AdmissionShed", Unit::Count, delta(totals.shed, before.shed))
+        .metric("ConnectionsRefused", Unit::Count, delta(totals.connections_refused, before.connections_refused))
+        .metric("ThrottleRefused", Unit::Count, delta(totals.throttle_refused, before.throttle_refused))
+        .metric("ThrottleRedisErrors", Unit::Count, delta(totals.throttle_redis_errors, before.throttle_redis_errors))
+        .metric("BulkheadTimeouts", Unit::Count, delta(totals.bulkhead_timeouts, before.bulkhead_timeouts))
+        .metric("ConnectionsOpen", Unit::Count, count(state.connections.open() as u64))
+        .metric("AdmissionInFlight", Unit::Count, count(admission.in_flight as u64))
+        .metric("AdmissionQueueDepth", Unit::Count, count(admission.queue_depth as u64))
+        .metric("ThrottleDegraded", Unit::None, if throttles.state == "degraded" { 1.0 } else { 0.0 })
+        .metric("TokioBusyRatio", Unit::None, state.metrics.tokio_busy_ratio());
+        match &queue {
+            // Never read: say so (as /metrics does) rather than publish an empty queue.
+            None => {
+                task.metric("JobsStatsAge", Unit::Seconds, -1.0);
+            }
+            Some(reading) => {
+                let q = &reading.stats;
+                task.metric("JobsStatsAge", Unit::Seconds, reading.age().as_secs_f64())
+                    .metric("JobsOldestReadyAge", Unit::Seconds, q.oldest_ready_age_seconds.unwrap_or(0.0))
+                    .metric("JobsDeadInWindow", Unit::Count, lossy(q.dead_in_window))
+                    .metric("JobsRunningLeaseExpired", Unit::Count, lossy(q.running_lease_expired))
+                    .metric("JobsRetrying", Unit::Count, lossy(q.retrying));
+            }
+        }
+
+        let mut lines = vec![task];
+        for c in &admission.classes {
+            let (admitted, shed) = totals.classes.get(&c.name).copied().unwrap_or_default();
+            let (was_admitted, was_shed) = before.classes.get(&c.name).copied().unwrap_or_default();
+            let mut class = line().dimension("Service", SERVICE).dimension("Class", &c.name);
+            class
+                .metric("AdmissionAdmitted", Unit::Count, delta(admitted, was_admitted))
+                .metric("AdmissionShed", Unit::Count, delta(shed, was_shed))
+                .metric("AdmissionInFlight", Unit::Count, count(c.in_flight as u64))
+                .metric("AdmissionQueueDepth", Unit::Count, count(c.queue_depth as u64));
+            // Admission off has no limit; no traffic, no p95: left out rather than published as 0.
+            if let Some(limit) = c.limit {
+                class.metric("AdmissionLimit", Unit::Count, count(limit as u64));
+            }
+            if let Some(p95) = c.p95_ms {
+                class.metric("AdmissionP95", Unit::Milliseconds, p95);
+            }
+            lines.push(class);
+        }
+        lines
+    }
+}
+
+#[allow(clippy::cast_precision_loss)] // counts far below 2^53
+fn count(n: u64) -> f64 {
+    n as f64
+}
+
+#[allow(clippy::cast_precision_loss)] // counts far below 2^53
+fn lossy(n: i64) -> f64 {
+    n as f64
+}
+
+/// Writes the lines every `every` until `stop`, then once more (the task's last interval).
+pub(crate) async fn publish(state: AppState, every: Duration, stop: CancellationToken) {
+    let mut publisher = Publisher::new(&state.config.metrics_emf_namespace, &state.config.metrics_emf_environment);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate: publish after a whole interval
+    loop {
+        let last = tokio::select! {
+            () = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        write(&publisher.lines(&state).await);
+        if last {
+            return;
+        }
+    }
+}
+
+/// One write per line under stdout's lock, so a line never interleaves with a log event (the
+/// JSON log layer writes each event whole through the same lock).
+fn write(lines: &[Line]) {
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let mut text = line.to_json();
+        text.push('\n');
+        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+            // Stdout gone (the log driver stopped): nothing to tell, nowhere to tell it.
+            return;
+        }
+    }
+}
