@@ -42,7 +42,6 @@ USER 10001:10001
 ENV BIND_ADDR=0.0.0.0:8080 \
     LOG_FORMAT=json
 EXPOSE 8080
-# The API drains on SIGINT and SIGTERM alike; the worker stops cleanly on SIGINT (Ctrl-C). Asking
-# for SIGINT makes `docker stop` graceful for both. (ECS ignores STOPSIGNAL and sends SIGTERM.)
-STOPSIGNAL SIGINT
+# No STOPSIGNAL: the API and the worker both stop gracefully on SIGTERM, what `docker stop` and
+# ECS send (ECS ignores STOPSIGNAL anyway), as on SIGINT.
 CMD ["breakwater-api", "serve"]

@@ -343,11 +343,12 @@ def alarms_checks(ts: dict[str, dict], api_env: dict, c: Checks) -> None:
     interval = raw.get("METRICS_EMF_INTERVAL_SECS")
     lo, hi = bounds(svc, interval) if interval is not None else (0.0, 0.0)
     c.check(
-        interval is not None and num(svc, interval) > 0 and hi <= 60,
+        interval is not None and lo > 0 and hi <= 60,
         f"the API writes its CloudWatch lines by default, at least once a minute ({lo:g}-{hi:g} s)",
     )
     c.check(
         api_env.get("METRICS_EMF_NAMESPACE") == param(alarms, "MetricsNamespace").get("Default")
+        and param(svc, "MetricsNamespace").get("AllowedPattern") == param(alarms, "MetricsNamespace").get("AllowedPattern")
         and raw.get("METRICS_EMF_ENVIRONMENT") == {"Ref": "EnvironmentName"},
         "the API's metrics namespace and environment are the ones the alarms watch",
     )
@@ -456,7 +457,7 @@ def self_test(ts: dict[str, dict]) -> None:
             AssignPublicIp="ENABLED"),
         "no rollback": lambda t: first_service(t)["DeploymentConfiguration"]["DeploymentCircuitBreaker"].update(
             Rollback=False),
-        "no CloudWatch lines": lambda t: param(t["service"], "MetricsIntervalSeconds").update(Default=0),
+        "CloudWatch lines may be off": lambda t: param(t["service"], "MetricsIntervalSeconds").update(MinValue=0),
         "alarm without action": lambda t: next(iter(of_type(t["alarms"], "AWS::CloudWatch::Alarm").values()))[
             "Properties"].pop("AlarmActions"),
         "alarm on another environment": lambda t: of_type(t["alarms"], "AWS::CloudWatch::Alarm")["ThrottleDegradedAlarm"][

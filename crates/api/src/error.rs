@@ -114,6 +114,14 @@ impl ApiError {
         }
     }
 
+    /// Whether the server failed (a bug, an unreachable database, a handler out of time) rather
+    /// than refused on purpose. A 503 is either: `db_unavailable` and `request_timeout` are
+    /// failures, `db_saturated` is a refusal (metrics count them apart).
+    #[must_use]
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Internal(_) | Self::DbUnavailable | Self::Timeout)
+    }
+
     fn retry_after(&self) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after, .. } => Some(*retry_after),
@@ -152,9 +160,17 @@ impl IntoResponse for ApiError {
         if let Some(secs) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        if self.is_failure() {
+            response.extensions_mut().insert(Failure);
+        }
         response
     }
 }
+
+/// Marks a response the server failed to give (see [`ApiError::is_failure`]), whatever its status:
+/// the metrics count it as an error, not a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure;
 
 impl From<DomainError> for ApiError {
     fn from(err: DomainError) -> Self {

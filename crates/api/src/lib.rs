@@ -193,8 +193,11 @@ impl Running {
         self.shutdown.cancel();
         let served = self.task.await;
         self.emf_stop.cancel();
-        if let Some(emf) = self.emf {
-            emf.await?;
+        if let Some(emf) = self.emf
+            && let Err(e) = emf.await
+        {
+            // Metrics lost are not worth a failed shutdown, nor hiding the server's own error.
+            tracing::error!(error = %e, "the CloudWatch metrics writer failed");
         }
         served??;
         self.state.pool.close().await;

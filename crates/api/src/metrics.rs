@@ -1,9 +1,10 @@
 //! `/metrics`: Prometheus text exposition.
 //!
 //! Request counts and latency histograms by matched route and outcome (`ok`, `client_error`,
-//! `refused` for a deliberate 429/503, `error`), and every live figure the layers publish on
-//! `/v1/ops/status`, read at scrape time; the job queue's figures through a short cache
-//! ([`crate::queue_stats`]); and the tokio runtime's health, sampled every
+//! `refused` for a deliberate 429/503, `error` for a 500 and the 503s that are failures), and
+//! every live figure the layers publish on `/v1/ops/status`, read at scrape time; the job
+//! queue's figures through a short cache ([`crate::queue_stats`]); and the tokio runtime's
+//! health, sampled every
 //! `RUNTIME_METRICS_INTERVAL_MS` by a task that ends with the app ([`sample_runtime`]). The
 //! registry belongs to the app (no global recorder), so several apps in one process (tests) do
 //! not mix their figures.
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use breakwater_telemetry::prometheus::advance;
 
+use crate::error::Failure;
 use crate::state::AppState;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -180,10 +182,13 @@ struct ShedLabels {
     reason: &'static str,
 }
 
-/// Classifies a status for the `outcome` label: a deliberate refusal is not an error.
+/// Classifies a response for the `outcome` label: a deliberate refusal (a 429, or a 503 such as
+/// `db_saturated`) is not an error; a response marked [`Failure`] (a 500, `db_unavailable`,
+/// `request_timeout`) is one, whatever its status.
 #[must_use]
-pub fn outcome(status: StatusCode) -> &'static str {
+pub fn outcome(status: StatusCode, failed: bool) -> &'static str {
     match status.as_u16() {
+        _ if failed => "error",
         429 | 503 => "refused",
         500..=599 => "error",
         400..=499 => "client_error",
@@ -306,8 +311,8 @@ impl Metrics {
         }
     }
 
-    fn record(&self, route: String, method: String, status: StatusCode, seconds: f64) {
-        let outcome = outcome(status);
+    fn record(&self, route: String, method: String, status: StatusCode, failed: bool, seconds: f64) {
+        let outcome = outcome(status, failed);
         if !crate::PROBES.contains(&route.as_str()) {
             let o = &self.outcomes;
             let total = match outcome {
@@ -545,7 +550,8 @@ pub(crate) async fn record(State(metrics): State<Arc<Metrics>>, req: Request, ne
     let method = req.method().as_str().to_owned();
     let started = Instant::now();
     let response = metrics.tasks.instrument(next.run(req)).await;
-    metrics.record(route, method, response.status(), started.elapsed().as_secs_f64());
+    let failed = response.extensions().get::<Failure>().is_some();
+    metrics.record(route, method, response.status(), failed, started.elapsed().as_secs_f64());
     response
 }
 
@@ -554,4 +560,32 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> impl IntoResponse {
     let queue = state.queue_stats.get(&state.pool).await;
     let body = state.metrics.render(&state, queue.as_ref());
     ([(header::CONTENT_TYPE, breakwater_telemetry::prometheus::CONTENT_TYPE)], body)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::response::IntoResponse as _;
+
+    use super::*;
+    use crate::error::ApiError;
+
+    /// The outcome the middleware gives a handler's error.
+    fn outcome_of(err: ApiError) -> &'static str {
+        let response = err.into_response();
+        outcome(response.status(), response.extensions().get::<Failure>().is_some())
+    }
+
+    #[test]
+    fn a_deliberate_refusal_is_not_an_error_and_a_failing_503_is_one() {
+        assert_eq!(outcome_of(ApiError::RateLimited { kind: "user", retry_after: 1 }), "refused");
+        assert_eq!(outcome_of(ApiError::DbSaturated), "refused");
+        assert_eq!(outcome_of(ApiError::DbUnavailable), "error");
+        assert_eq!(outcome_of(ApiError::Timeout), "error");
+        assert_eq!(outcome_of(ApiError::Internal(anyhow::anyhow!("bug"))), "error");
+        assert_eq!(outcome_of(ApiError::NotFound), "client_error");
+        // A bare status (a layer's own refusal) is classified by its status alone.
+        assert_eq!(outcome(StatusCode::SERVICE_UNAVAILABLE, false), "refused");
+        assert_eq!(outcome(StatusCode::BAD_GATEWAY, false), "error");
+        assert_eq!(outcome(StatusCode::OK, false), "ok");
+    }
 }

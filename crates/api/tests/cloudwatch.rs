@@ -70,6 +70,9 @@ async fn each_line_counts_its_own_interval_and_reads_the_layers(pool: PgPool) {
             "0",
             "--jobs-stats-timeout-ms",
             "10000",
+            // A handler gets a second (the shortest allowed), for the failure below.
+            "--request-timeout-secs",
+            "1",
         ],
     )
     .await;
@@ -126,8 +129,27 @@ async fn each_line_counts_its_own_interval_and_reads_the_layers(pool: PgPool) {
     assert_eq!(task["ThrottleRefused"], 0.0, "{task}");
     assert_eq!(task["AdmissionAdmitted"], 1.0, "{task}");
     assert_eq!(class_lines(&second)["default"]["AdmissionAdmitted"], 1.0);
+
+    // A handler out of time is a failure, not a refusal, though both answer 503: the erasure
+    // waits on Ann's row, locked here, past the request timeout.
+    let mut blocker = pool.begin().await.expect("tx");
+    sqlx::query("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE")
+        .bind(ann)
+        .execute(&mut *blocker)
+        .await
+        .expect("lock");
+    let r = app.call(reqwest::Method::DELETE, &path, Some(&t.token), None).await;
+    assert_eq!((r.status.as_u16(), r.code()), (503, "request_timeout"), "{}", r.text);
+    blocker.rollback().await.expect("release");
     let third = lines(&mut publisher, &app).await;
-    assert_eq!(task_line(&third)["Requests"], 0.0);
+    let task = task_line(&third);
+    assert_eq!(task["Requests"], 1.0, "{task}");
+    assert_eq!(task["ServerErrors"], 1.0, "{task}");
+    assert_eq!(task["Refused"], 0.0, "{task}");
+
+    let fourth = lines(&mut publisher, &app).await;
+    assert_eq!(task_line(&fourth)["Requests"], 0.0);
+    assert_eq!(task_line(&fourth)["ServerErrors"], 0.0);
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
@@ -195,6 +217,11 @@ async fn every_metric_an_alarm_watches_is_one_the_api_publishes(pool: PgPool) {
     let template = std::fs::read_to_string(root.join("infra/cloudformation/alarms.yaml")).expect("alarms template");
     let watched = watched(&template);
     assert!(watched.len() >= 8, "the alarms watch {} of the app's metrics", watched.len());
+    // Every metric of the template is either the app's (read above) or the load balancer's: none
+    // escaped the reading by being written another way.
+    let named = template.lines().filter(|l| l.trim_start().starts_with("MetricName:")).count();
+    let load_balancer = template.lines().filter(|l| l.trim() == "Namespace: AWS/ApplicationELB").count();
+    assert_eq!(named, watched.len() + load_balancer, "metrics in alarms.yaml the test cannot place");
     let unknown: Vec<&Watched> =
         watched.iter().filter(|w| !published.contains(&(w.name.clone(), w.dimensions.clone()))).collect();
     assert!(
