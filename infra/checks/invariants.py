@@ -13,10 +13,10 @@
 - Secrets reach containers as secrets, never as plain environment; services run in private
   subnets without public IPs, with the circuit breaker and rollback; every imported value is
   exported by a stack deployed earlier.
-- The alarms: the API writes its CloudWatch lines by default (at least once a minute) in the
-  namespace and environment the alarms watch; every alarm notifies one of the stack's topics,
+- The alarms: the API and the worker write their CloudWatch lines (at least once a minute) in
+  the namespace and environment the alarms watch; every alarm notifies one of the stack's topics,
   which the environment's key encrypts and lets CloudWatch publish to; every alarm on the app's
-  metrics watches the API tasks' line of its own environment.
+  metrics watches the API's or the worker's line of its own environment.
 - Every checkov skip carries a reason and suppresses a check that ran (with `--checkov-json`).
 
 Usage: invariants.py [--checkov-json FILE]  (from the repository root; prints `N passed, M failed`).
@@ -327,7 +327,7 @@ def run(ts: dict[str, dict], c: Checks) -> None:
             n = export_name(out.get("Export", {}).get("Name"))
             if n:
                 exported[n] = tname
-    alarms_checks(ts, api_env, c)
+    alarms_checks(ts, c)
     ingress_ok = any(
         "SourceSecurityGroupId" in r["Properties"] and r["Properties"]["GroupId"] == {"Ref": "ApiSecurityGroup"}
         for r in of_type(net, "AWS::EC2::SecurityGroupIngress").values()
@@ -335,23 +335,27 @@ def run(ts: dict[str, dict], c: Checks) -> None:
     c.check(ingress_ok, "API tasks accept traffic from the ALB's security group only")
 
 
-def alarms_checks(ts: dict[str, dict], api_env: dict, c: Checks) -> None:
-    """The API publishes the metrics the alarms watch, and every alarm reaches someone."""
+def alarms_checks(ts: dict[str, dict], c: Checks) -> None:
+    """The API and the worker publish the metrics the alarms watch; every alarm reaches someone."""
     svc, alarms, security = ts["service"], ts["alarms"], ts["security"]
-    api_c = container(svc, "api")["ContainerDefinitions"][0]
-    raw = {e["Name"]: e["Value"] for e in api_c.get("Environment", [])}
-    interval = raw.get("METRICS_EMF_INTERVAL_SECS")
-    lo, hi = bounds(svc, interval) if interval is not None else (0.0, 0.0)
     c.check(
-        interval is not None and lo > 0 and hi <= 60,
-        f"the API writes its CloudWatch lines by default, at least once a minute ({lo:g}-{hi:g} s)",
+        param(svc, "MetricsNamespace").get("AllowedPattern") == param(alarms, "MetricsNamespace").get("AllowedPattern"),
+        "the two stacks' MetricsNamespace parameters allow the same values",
     )
-    c.check(
-        api_env.get("METRICS_EMF_NAMESPACE") == param(alarms, "MetricsNamespace").get("Default")
-        and param(svc, "MetricsNamespace").get("AllowedPattern") == param(alarms, "MetricsNamespace").get("AllowedPattern")
-        and raw.get("METRICS_EMF_ENVIRONMENT") == {"Ref": "EnvironmentName"},
-        "the API's metrics namespace and environment are the ones the alarms watch",
-    )
+    for who in ("api", "worker"):
+        cd = container(svc, who)["ContainerDefinitions"][0]
+        raw = {e["Name"]: e["Value"] for e in cd.get("Environment", [])}
+        interval = raw.get("METRICS_EMF_INTERVAL_SECS")
+        lo, hi = bounds(svc, interval) if interval is not None else (0.0, 0.0)
+        c.check(
+            interval is not None and lo > 0 and hi <= 60,
+            f"{who}: writes its CloudWatch lines, at least once a minute ({lo:g}-{hi:g} s)",
+        )
+        c.check(
+            resolve(svc, raw.get("METRICS_EMF_NAMESPACE")) == param(alarms, "MetricsNamespace").get("Default")
+            and raw.get("METRICS_EMF_ENVIRONMENT") == {"Ref": "EnvironmentName"},
+            f"{who}: its metrics namespace and environment are the ones the alarms watch",
+        )
     topics = set(of_type(alarms, "AWS::SNS::Topic"))
     key = {"Fn::ImportValue": {"Fn::Sub": "${EnvironmentName}-KeyArn"}}
     c.check(
@@ -381,8 +385,9 @@ def alarms_checks(ts: dict[str, dict], api_env: dict, c: Checks) -> None:
             if m["Namespace"] == {"Ref": "MetricsNamespace"}:
                 dims = {d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
                 c.check(
-                    dims == {"Environment": {"Ref": "EnvironmentName"}, "Service": "api"},
-                    f"{name}/{m['MetricName']}: the API tasks' line of this environment",
+                    dims.get("Service") in ("api", "worker")
+                    and dims == {"Environment": {"Ref": "EnvironmentName"}, "Service": dims["Service"]},
+                    f"{name}/{m['MetricName']}: the {dims.get('Service')} tasks' line of this environment",
                 )
             else:
                 c.check(m["Namespace"] == "AWS/ApplicationELB", f"{name}: the app's or the load balancer's metric")
@@ -460,6 +465,9 @@ def self_test(ts: dict[str, dict]) -> None:
         "CloudWatch lines may be off": lambda t: param(t["service"], "MetricsIntervalSeconds").update(MinValue=0),
         "alarm without action": lambda t: next(iter(of_type(t["alarms"], "AWS::CloudWatch::Alarm").values()))[
             "Properties"].pop("AlarmActions"),
+        "worker without CloudWatch lines": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
+            Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
+                         if e["Name"] != "METRICS_EMF_INTERVAL_SECS"]),
         "alarm on another environment": lambda t: of_type(t["alarms"], "AWS::CloudWatch::Alarm")["ThrottleDegradedAlarm"][
             "Properties"]["Dimensions"][0].update(Value="other"),
     }

@@ -12,10 +12,9 @@
 //! are counted too.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
-use breakwater_telemetry::emf::{Line, Unit};
+use breakwater_telemetry::emf::{self, Line, Source, Unit};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Outcomes;
@@ -74,29 +73,26 @@ impl Publisher {
             classes: admission.classes.iter().map(|c| (c.name.clone(), (c.admitted_total, c.shed.total()))).collect(),
         };
         let before = std::mem::replace(&mut self.previous, totals.clone());
-        let delta = |now: u64, then: u64| count(now.saturating_sub(then));
         let (o, p) = (&totals.outcomes, &before.outcomes);
+        let all = |o: &Outcomes| o.ok + o.client_error + o.refused + o.error;
+        let as_u64 = |n: usize| n as u64;
 
         let line = || Line::new(&self.namespace, now).dimension("Environment", &self.environment);
         let mut task = line().dimension("Service", SERVICE);
-        task.metric(
-            "Requests",
-            Unit::Count,
-            delta(o.ok + o.client_error + o.refused + o.error, p.ok + p.client_error + p.refused + p.error),
-        )
-        .metric("ServerErrors", Unit::Count, delta(o.error, p.error))
-        .metric("Refused", Unit::Count, delta(o.refused, p.refused))
-        .metric("AdmissionAdmitted", Unit::Count, delta(totals.admitted, before.admitted))
-        .metric("AdmissionShed", Unit::Count, delta(totals.shed, before.shed))
-        .metric("ConnectionsRefused", Unit::Count, delta(totals.connections_refused, before.connections_refused))
-        .metric("ThrottleRefused", Unit::Count, delta(totals.throttle_refused, before.throttle_refused))
-        .metric("ThrottleRedisErrors", Unit::Count, delta(totals.throttle_redis_errors, before.throttle_redis_errors))
-        .metric("BulkheadTimeouts", Unit::Count, delta(totals.bulkhead_timeouts, before.bulkhead_timeouts))
-        .metric("ConnectionsOpen", Unit::Count, count(state.connections.open() as u64))
-        .metric("AdmissionInFlight", Unit::Count, count(admission.in_flight as u64))
-        .metric("AdmissionQueueDepth", Unit::Count, count(admission.queue_depth as u64))
-        .metric("ThrottleDegraded", Unit::None, if throttles.state == "degraded" { 1.0 } else { 0.0 })
-        .metric("TokioBusyRatio", Unit::None, state.metrics.tokio_busy_ratio());
+        task.count_since("Requests", all(o), all(p))
+            .count_since("ServerErrors", o.error, p.error)
+            .count_since("Refused", o.refused, p.refused)
+            .count_since("AdmissionAdmitted", totals.admitted, before.admitted)
+            .count_since("AdmissionShed", totals.shed, before.shed)
+            .count_since("ConnectionsRefused", totals.connections_refused, before.connections_refused)
+            .count_since("ThrottleRefused", totals.throttle_refused, before.throttle_refused)
+            .count_since("ThrottleRedisErrors", totals.throttle_redis_errors, before.throttle_redis_errors)
+            .count_since("BulkheadTimeouts", totals.bulkhead_timeouts, before.bulkhead_timeouts)
+            .count("ConnectionsOpen", as_u64(state.connections.open()))
+            .count("AdmissionInFlight", as_u64(admission.in_flight))
+            .count("AdmissionQueueDepth", as_u64(admission.queue_depth))
+            .metric("ThrottleDegraded", Unit::None, if throttles.state == "degraded" { 1.0 } else { 0.0 })
+            .metric("TokioBusyRatio", Unit::None, state.metrics.tokio_busy_ratio());
         match &queue {
             // Never read: say so (as /metrics does) rather than publish an empty queue.
             None => {
@@ -106,9 +102,9 @@ impl Publisher {
                 let q = &reading.stats;
                 task.metric("JobsStatsAge", Unit::Seconds, reading.age().as_secs_f64())
                     .metric("JobsOldestReadyAge", Unit::Seconds, q.oldest_ready_age_seconds.unwrap_or(0.0))
-                    .metric("JobsDeadInWindow", Unit::Count, lossy(q.dead_in_window))
-                    .metric("JobsRunningLeaseExpired", Unit::Count, lossy(q.running_lease_expired))
-                    .metric("JobsRetrying", Unit::Count, lossy(q.retrying));
+                    .count("JobsDeadInWindow", non_negative(q.dead_in_window))
+                    .count("JobsRunningLeaseExpired", non_negative(q.running_lease_expired))
+                    .count("JobsRetrying", non_negative(q.retrying));
             }
         }
 
@@ -118,13 +114,13 @@ impl Publisher {
             let (was_admitted, was_shed) = before.classes.get(&c.name).copied().unwrap_or_default();
             let mut class = line().dimension("Service", SERVICE).dimension("Class", &c.name);
             class
-                .metric("AdmissionAdmitted", Unit::Count, delta(admitted, was_admitted))
-                .metric("AdmissionShed", Unit::Count, delta(shed, was_shed))
-                .metric("AdmissionInFlight", Unit::Count, count(c.in_flight as u64))
-                .metric("AdmissionQueueDepth", Unit::Count, count(c.queue_depth as u64));
+                .count_since("AdmissionAdmitted", admitted, was_admitted)
+                .count_since("AdmissionShed", shed, was_shed)
+                .count("AdmissionInFlight", as_u64(c.in_flight))
+                .count("AdmissionQueueDepth", as_u64(c.queue_depth));
             // Admission off has no limit; no traffic, no p95: left out rather than published as 0.
             if let Some(limit) = c.limit {
-                class.metric("AdmissionLimit", Unit::Count, count(limit as u64));
+                class.count("AdmissionLimit", as_u64(limit));
             }
             if let Some(p95) = c.p95_ms {
                 class.metric("AdmissionP95", Unit::Milliseconds, p95);
@@ -135,44 +131,25 @@ impl Publisher {
     }
 }
 
-#[allow(clippy::cast_precision_loss)] // counts far below 2^53
-fn count(n: u64) -> f64 {
-    n as f64
+/// A count the database gives as `bigint`.
+fn non_negative(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
-#[allow(clippy::cast_precision_loss)] // counts far below 2^53
-fn lossy(n: i64) -> f64 {
-    n as f64
+/// The API's [`Source`]: its publisher and the state it reads.
+struct ApiSource {
+    publisher: Publisher,
+    state: AppState,
+}
+
+impl Source for ApiSource {
+    async fn lines(&mut self) -> Vec<Line> {
+        self.publisher.lines(&self.state).await
+    }
 }
 
 /// Writes the lines every `every` until `stop`, then once more (the task's last interval).
 pub(crate) async fn publish(state: AppState, every: Duration, stop: CancellationToken) {
-    let mut publisher = Publisher::new(&state.config.metrics_emf_namespace, &state.config.metrics_emf_environment);
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await; // the first tick is immediate: publish after a whole interval
-    loop {
-        let last = tokio::select! {
-            () = stop.cancelled() => true,
-            _ = tick.tick() => false,
-        };
-        write(&publisher.lines(&state).await);
-        if last {
-            return;
-        }
-    }
-}
-
-/// One write per line under stdout's lock, so a line never interleaves with a log event (the
-/// JSON log layer writes each event whole through the same lock).
-fn write(lines: &[Line]) {
-    let mut out = std::io::stdout().lock();
-    for line in lines {
-        let mut text = line.to_json();
-        text.push('\n');
-        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
-            // Stdout gone (the log driver stopped): nothing to tell, nowhere to tell it.
-            return;
-        }
-    }
+    let publisher = Publisher::new(&state.config.metrics_emf_namespace, &state.config.metrics_emf_environment);
+    emf::publish(ApiSource { publisher, state }, every, stop).await;
 }

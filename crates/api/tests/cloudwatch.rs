@@ -1,7 +1,7 @@
 //! The CloudWatch lines (`METRICS_EMF_INTERVAL_SECS`): well-formed embedded-metric-format events
 //! whose counts are each interval's and whose gauges are the layers' figures; and every metric
-//! an alarm in `infra/cloudformation/alarms.yaml` watches is one the API publishes, under the
-//! dimensions the alarm names.
+//! an alarm in `infra/cloudformation/alarms.yaml` watches is one the API or the worker publishes,
+//! under the dimensions the alarm names.
 
 mod common;
 
@@ -161,16 +161,19 @@ async fn with_admission_off_no_limit_is_published(pool: PgPool) {
     assert!(classes.values().all(|c| c.get("AdmissionLimit").is_none()), "{classes:?}");
 }
 
-/// An alarm's metric in the app's namespace: its name and dimension names.
-#[derive(Debug)]
+/// An alarm's metric in the app's namespace: its name, its dimension names, and the process it
+/// is published by (the `Service` dimension's value).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Watched {
     name: String,
     dimensions: BTreeSet<String>,
+    service: String,
 }
 
 /// Reads the app's metrics out of the alarms template. Each is written as
 /// `Namespace: !Ref MetricsNamespace`, then at the same indentation `MetricName:` and
-/// `Dimensions:` with `- Name:` items; the block ends where the indentation falls back.
+/// `Dimensions:` with `- Name:` items, each followed by its `Value:`; the block ends where the
+/// indentation falls back.
 fn watched(template: &str) -> Vec<Watched> {
     let indent = |l: &str| l.len() - l.trim_start().len();
     let lines: Vec<&str> = template.lines().collect();
@@ -180,13 +183,19 @@ fn watched(template: &str) -> Vec<Watched> {
             continue;
         }
         let depth = indent(line);
-        let mut w = Watched { name: String::new(), dimensions: BTreeSet::new() };
+        let mut w = Watched { name: String::new(), dimensions: BTreeSet::new(), service: String::new() };
+        let mut dimension = String::new();
         for l in lines[i + 1..].iter().take_while(|l| l.trim().is_empty() || indent(l) >= depth) {
             let t = l.trim().trim_start_matches("- ");
             if let Some(name) = t.strip_prefix("MetricName: ") {
                 name.clone_into(&mut w.name);
             } else if let Some(dim) = t.strip_prefix("Name: ") {
+                dim.clone_into(&mut dimension);
                 w.dimensions.insert(dim.to_owned());
+            } else if let Some(value) = t.strip_prefix("Value: ")
+                && dimension == "Service"
+            {
+                value.clone_into(&mut w.service);
             }
         }
         assert!(!w.name.is_empty(), "a metric without a name after line {}", i + 1);
@@ -195,23 +204,35 @@ fn watched(template: &str) -> Vec<Watched> {
     out
 }
 
-#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn every_metric_an_alarm_watches_is_one_the_api_publishes(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "0", "--jobs-stats-timeout-ms", "10000"]).await;
-    // The queue's figures are published once read.
-    let lines = lines(&mut Publisher::new("Breakwater", "test"), &app).await;
-    let mut published = BTreeSet::new();
-    for line in &lines {
-        let dims: BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
+/// What a set of lines publishes, as the alarms name it.
+fn published(lines: &[Value]) -> BTreeSet<Watched> {
+    let mut out = BTreeSet::new();
+    for line in lines {
+        let dimensions: BTreeSet<String> = line["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
             .as_array()
             .expect("a set")
             .iter()
             .map(|d| d.as_str().expect("a name").to_owned())
             .collect();
+        let service = line["Service"].as_str().expect("a service").to_owned();
         for m in line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().expect("metrics") {
-            published.insert((m["Name"].as_str().expect("a name").to_owned(), dims.clone()));
+            let name = m["Name"].as_str().expect("a name").to_owned();
+            out.insert(Watched { name, dimensions: dimensions.clone(), service: service.clone() });
         }
     }
+    out
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn every_metric_an_alarm_watches_is_one_the_api_or_the_worker_publishes(pool: PgPool) {
+    let app = spawn_with(pool.clone(), &["--jobs-stats-ttl-ms", "0", "--jobs-stats-timeout-ms", "10000"]).await;
+    // The queue's figures are published once read.
+    let mut lines = lines(&mut Publisher::new("Breakwater", "test"), &app).await;
+    let worker = breakwater_worker::Worker::new(pool.clone(), breakwater_worker::WorkerOptions::default());
+    let mut from_worker = breakwater_worker::emf::Publisher::new("Breakwater", "test", worker);
+    lines.push(serde_json::from_str(&from_worker.line().to_json()).expect("JSON"));
+    let published = published(&lines);
+    assert!(published.iter().any(|p| p.service == "worker"), "{published:?}");
 
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let template = std::fs::read_to_string(root.join("infra/cloudformation/alarms.yaml")).expect("alarms template");
@@ -222,10 +243,9 @@ async fn every_metric_an_alarm_watches_is_one_the_api_publishes(pool: PgPool) {
     let named = template.lines().filter(|l| l.trim_start().starts_with("MetricName:")).count();
     let load_balancer = template.lines().filter(|l| l.trim() == "Namespace: AWS/ApplicationELB").count();
     assert_eq!(named, watched.len() + load_balancer, "metrics in alarms.yaml the test cannot place");
-    let unknown: Vec<&Watched> =
-        watched.iter().filter(|w| !published.contains(&(w.name.clone(), w.dimensions.clone()))).collect();
+    let unknown: Vec<&Watched> = watched.iter().filter(|w| !published.contains(w)).collect();
     assert!(
         unknown.is_empty(),
-        "watched but not published (name and dimensions): {unknown:?}\npublished: {published:?}"
+        "watched but not published (name, dimensions, service): {unknown:?}\npublished: {published:?}"
     );
 }

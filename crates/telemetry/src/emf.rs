@@ -7,10 +7,14 @@
 //! <https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html>.
 //!
 //! One [`Line`] is one event: one namespace, one dimension set, up to [`MAX_METRICS`] metrics.
+//! [`publish`] writes a [`Source`]'s lines to stdout on an interval, and once more when told to
+//! stop (the process's last figures).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::io::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
 
 /// The most metrics one directive may carry (the specification's limit).
 pub const MAX_METRICS: usize = 100;
@@ -71,6 +75,18 @@ impl Line {
         self
     }
 
+    /// Adds a counter as what happened since the previous line: `now - before` of a total that
+    /// only grows (0 rather than negative should it ever not).
+    pub fn count_since(&mut self, name: &'static str, now: u64, before: u64) -> &mut Self {
+        self.count(name, now.saturating_sub(before))
+    }
+
+    /// Adds a number of things (jobs, requests, connections), as a [`Unit::Count`].
+    pub fn count(&mut self, name: &'static str, n: u64) -> &mut Self {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+        self.metric(name, Unit::Count, n as f64)
+    }
+
     /// The names of the metrics the line carries.
     pub fn metric_names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.metrics.iter().map(|(name, _, _)| *name)
@@ -112,6 +128,44 @@ impl Line {
     }
 }
 
+/// What a process publishes: its lines for the interval since the previous call.
+pub trait Source {
+    /// The lines (counters as what happened since the previous call).
+    fn lines(&mut self) -> impl Future<Output = Vec<Line>> + Send;
+}
+
+/// Writes `source`'s lines to stdout every `every` until `stop`, then once more, so the figures
+/// of the last interval are not lost. The first lines come after a whole interval.
+pub async fn publish(mut source: impl Source, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // immediate
+    loop {
+        let last = tokio::select! {
+            () = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        write_stdout(&source.lines().await);
+        if last {
+            return;
+        }
+    }
+}
+
+/// One write per line under stdout's lock, so a line never interleaves with a log event (the
+/// JSON log layer writes each event whole through the same lock).
+pub fn write_stdout(lines: &[Line]) {
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        let mut text = line.to_json();
+        text.push('\n');
+        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+            // Stdout gone (the log driver stopped): nothing to tell, nowhere to tell it.
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -122,12 +176,13 @@ mod tests {
     fn a_line_names_its_metrics_and_dimensions_and_carries_their_values() {
         let at = UNIX_EPOCH + Duration::from_millis(1_764_600_000_123);
         let mut line = Line::new("Breakwater", at).dimension("Environment", "prod").dimension("Service", "api");
-        line.metric("Requests", Unit::Count, 42.0).metric("BusyRatio", Unit::None, 0.25);
+        line.metric("Requests", Unit::Count, 42.0).metric("BusyRatio", Unit::None, 0.25).count_since("Shed", 10, 7);
         let v: Value = serde_json::from_str(&line.to_json()).expect("JSON");
         assert_eq!(v["Environment"], "prod");
         assert_eq!(v["Service"], "api");
         assert_eq!(v["Requests"], 42.0);
         assert_eq!(v["BusyRatio"], 0.25);
+        assert_eq!(v["Shed"], 3.0);
         let aws = &v["_aws"];
         assert_eq!(aws["Timestamp"], 1_764_600_000_123_u64);
         let directive = &aws["CloudWatchMetrics"][0];
@@ -135,9 +190,13 @@ mod tests {
         assert_eq!(directive["Dimensions"], json!([["Environment", "Service"]]));
         assert_eq!(
             directive["Metrics"],
-            json!([{ "Name": "Requests", "Unit": "Count" }, { "Name": "BusyRatio", "Unit": "None" }])
+            json!([
+                { "Name": "Requests", "Unit": "Count" },
+                { "Name": "BusyRatio", "Unit": "None" },
+                { "Name": "Shed", "Unit": "Count" },
+            ])
         );
-        assert_eq!(line.metric_names().collect::<Vec<_>>(), ["Requests", "BusyRatio"]);
+        assert_eq!(line.metric_names().collect::<Vec<_>>(), ["Requests", "BusyRatio", "Shed"]);
     }
 
     #[test]

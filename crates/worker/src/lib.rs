@@ -7,12 +7,14 @@
 //! whose lease expired and prunes finished ones; and a completer that marks finished jobs done
 //! in batches. On stop it claims nothing more, lets running jobs finish within a budget, then
 //! releases the rest to the queue. `docs/WORKER.md` has the guarantees and their limits.
-//! [`metrics::serve`] publishes the process's figures on `/metrics`, with `/health`.
+//! [`metrics::serve`] publishes the process's figures on `/metrics`, with `/health`; [`emf`]
+//! writes them as CloudWatch embedded-metric-format lines (ECS, where nothing scrapes).
 //!
 //! Architecture invariant: the worker talks to PostgreSQL through `breakwater_domain` only.
 
 pub mod backoff;
 pub mod client;
+pub mod emf;
 pub mod handlers;
 pub mod metrics;
 mod runner;

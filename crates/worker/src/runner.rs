@@ -155,6 +155,12 @@ impl Worker {
         &self.shared.options.owner
     }
 
+    /// Jobs it holds now (running, or finished and not yet marked completed).
+    #[must_use]
+    pub fn held_count(&self) -> usize {
+        self.shared.held().len()
+    }
+
     /// What it did so far.
     #[must_use]
     pub fn counts(&self) -> Counts {

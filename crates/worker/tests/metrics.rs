@@ -95,3 +95,44 @@ async fn the_worker_publishes_each_attempts_outcome_by_kind_and_its_totals(pool:
     served.cancel();
     server.await.unwrap().unwrap();
 }
+
+/// The worker's CloudWatch line as JSON, with its dimensions.
+fn emf_line(publisher: &mut breakwater_worker::emf::Publisher) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&publisher.line().to_json()).unwrap();
+    assert_eq!((v["Environment"].as_str(), v["Service"].as_str()), (Some("test"), Some("worker")), "{v}");
+    assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Dimensions"], serde_json::json!([["Environment", "Service"]]));
+    v
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn the_cloudwatch_line_counts_what_became_of_the_jobs_in_its_interval(pool: Pool) {
+    let mut tx = pool.begin().await.unwrap();
+    for _ in 0..3 {
+        jobs::enqueue(&mut tx, NewJob::new(jobs::kind::NOOP, serde_json::json!({}))).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let worker = Worker::new(pool.clone(), options(Duration::from_secs(5)));
+    let mut publisher = breakwater_worker::emf::Publisher::new("Breakwater", "test", worker.clone());
+    let before = emf_line(&mut publisher);
+    assert_eq!((before["JobsClaimed"].as_f64(), before["JobsHeld"].as_f64()), (Some(0.0), Some(0.0)), "{before}");
+
+    let (stop, run) = start(&worker);
+    wait_idle(&pool, Duration::from_secs(10)).await;
+    // Completions are counted as the completer marks them, a moment after the queue is idle.
+    for _ in 0..100 {
+        if worker.counts().completed == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = emf_line(&mut publisher);
+    assert_eq!(during["JobsClaimed"].as_f64(), Some(3.0), "{during}");
+    assert_eq!(during["JobsCompleted"].as_f64(), Some(3.0), "{during}");
+    assert_eq!((during["JobsRetried"].as_f64(), during["JobsDead"].as_f64()), (Some(0.0), Some(0.0)), "{during}");
+    stop.cancel();
+    run.await.unwrap();
+    // The next interval holds only what happened in it.
+    let after = emf_line(&mut publisher);
+    assert_eq!((after["JobsClaimed"].as_f64(), after["JobsCompleted"].as_f64()), (Some(0.0), Some(0.0)), "{after}");
+    assert_eq!(after["JobsHeld"].as_f64(), Some(0.0), "{after}");
+}
