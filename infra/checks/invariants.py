@@ -351,6 +351,11 @@ def alarms_checks(ts: dict[str, dict], c: Checks) -> None:
             interval is not None and lo > 0 and hi <= 60,
             f"{who}: writes its CloudWatch lines, at least once a minute ({lo:g}-{hi:g} s)",
         )
+        log = cd.get("LogConfiguration", {})
+        c.check(
+            log.get("LogDriver") == "awslogs" and log.get("Options", {}).get("mode") == "non-blocking",
+            f"{who}: its lines go to CloudWatch Logs (awslogs), never stalling the process (non-blocking)",
+        )
         c.check(
             resolve(svc, raw.get("METRICS_EMF_NAMESPACE")) == param(alarms, "MetricsNamespace").get("Default")
             and raw.get("METRICS_EMF_ENVIRONMENT") == {"Ref": "EnvironmentName"},
@@ -465,6 +470,8 @@ def self_test(ts: dict[str, dict]) -> None:
         "CloudWatch lines may be off": lambda t: param(t["service"], "MetricsIntervalSeconds").update(MinValue=0),
         "alarm without action": lambda t: next(iter(of_type(t["alarms"], "AWS::CloudWatch::Alarm").values()))[
             "Properties"].pop("AlarmActions"),
+        "worker logs blocking": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0][
+            "LogConfiguration"]["Options"].pop("mode"),
         "worker without CloudWatch lines": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
             Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
                          if e["Name"] != "METRICS_EMF_INTERVAL_SECS"]),

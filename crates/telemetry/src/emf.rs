@@ -136,7 +136,17 @@ pub trait Source {
 
 /// Writes `source`'s lines to stdout every `every` until `stop`, then once more, so the figures
 /// of the last interval are not lost. The first lines come after a whole interval.
-pub async fn publish(mut source: impl Source, every: Duration, stop: CancellationToken) {
+pub async fn publish(source: impl Source, every: Duration, stop: CancellationToken) {
+    publish_to(source, every, stop, write_stdout).await;
+}
+
+/// As [`publish`], handing each interval's lines to `sink` instead of stdout.
+pub async fn publish_to(
+    mut source: impl Source,
+    every: Duration,
+    stop: CancellationToken,
+    mut sink: impl FnMut(&[Line]),
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // immediate
@@ -145,7 +155,7 @@ pub async fn publish(mut source: impl Source, every: Duration, stop: Cancellatio
             () = stop.cancelled() => true,
             _ = tick.tick() => false,
         };
-        write_stdout(&source.lines().await);
+        sink(&source.lines().await);
         if last {
             return;
         }
@@ -210,6 +220,48 @@ mod tests {
         let v: Value = serde_json::from_str(&line.to_json()).expect("JSON");
         assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Metrics"], json!([{ "Name": "Known", "Unit": "Count" }]));
         assert!(v.get("Unknown").is_none() && v.get("Endless").is_none(), "{v}");
+    }
+
+    /// Counts its calls and says, in each line, whether the stop had come.
+    struct Calls {
+        stop: CancellationToken,
+        started: std::time::Instant,
+    }
+
+    impl Source for Calls {
+        async fn lines(&mut self) -> Vec<Line> {
+            let mut line = Line::new("Test", SystemTime::now());
+            line.count("Stopped", u64::from(self.stop.is_cancelled())).metric(
+                "AfterMs",
+                Unit::Milliseconds,
+                self.started.elapsed().as_secs_f64() * 1e3,
+            );
+            vec![line]
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_come_each_interval_and_once_more_after_the_stop() {
+        let stop = CancellationToken::new();
+        let source = Calls { stop: stop.clone(), started: std::time::Instant::now() };
+        let written = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+        let publisher = tokio::spawn({
+            let (stop, written) = (stop.clone(), written.clone());
+            publish_to(source, Duration::from_millis(50), stop, move |lines| {
+                let mut w = written.lock().expect("lock");
+                w.extend(lines.iter().map(|l| serde_json::from_str::<Value>(&l.to_json()).expect("JSON")));
+            })
+        });
+        tokio::time::sleep(Duration::from_millis(180)).await;
+        stop.cancel();
+        publisher.await.expect("publisher");
+        let written = written.lock().expect("lock");
+        assert!(written.len() >= 2, "{written:?}");
+        // The first after a whole interval and before the stop; the last after it.
+        assert!(written[0]["AfterMs"].as_f64().expect("ms") >= 49.0, "{written:?}");
+        let stopped: Vec<f64> = written.iter().map(|v| v["Stopped"].as_f64().expect("flag")).collect();
+        assert_eq!(stopped.first(), Some(&0.0), "{stopped:?}");
+        assert_eq!(stopped.last(), Some(&1.0), "the last line is written after the stop: {stopped:?}");
     }
 
     #[test]

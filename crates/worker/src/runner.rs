@@ -214,6 +214,13 @@ impl Worker {
         let leftovers = shared.leases();
         let released =
             if leftovers.is_empty() { Ok(0) } else { jobs::release(&shared.pool, &options.owner, &leftovers).await };
+        if released.is_ok() {
+            // Given back: no longer this worker's (its figures say it holds nothing).
+            let mut held = shared.held();
+            for lease in &leftovers {
+                held.remove(&lease.id);
+            }
+        }
         background.cancel();
         for task in [heartbeat, listener, maintenance] {
             let _ = task.await;
@@ -365,7 +372,8 @@ async fn run_attempt(
             let state =
                 jobs::fail(&shared.pool, &options.owner, lease, &error.message, delay.as_secs_f64(), error.permanent)
                     .await;
-            shared.held().remove(&job.id);
+            // Not held any more: the heartbeat found the lease lost meanwhile and counted it.
+            let still_held = shared.held().remove(&job.id).is_some();
             let outcome = match state {
                 Ok(Some(JobState::Dead)) => {
                     Counters::add(&shared.counters.dead, 1);
@@ -378,7 +386,9 @@ async fn run_attempt(
                     Outcome::Retried
                 }
                 Ok(None) => {
-                    Counters::add(&shared.counters.lease_lost, 1);
+                    if still_held {
+                        Counters::add(&shared.counters.lease_lost, 1);
+                    }
                     Outcome::LeaseLost
                 }
                 Err(e) => {
@@ -400,13 +410,12 @@ async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Le
     let mut batch = Vec::with_capacity(COMPLETE_BATCH);
     while done.recv_many(&mut batch, COMPLETE_BATCH).await > 0 {
         let mut wait = Duration::from_millis(50);
+        let mut marked = None;
         for attempt in 1..=5 {
             match jobs::complete_many(&shared.pool, &options.owner, &batch).await {
                 Ok(n) => {
                     Counters::add(&shared.counters.completed, n);
-                    if n < batch.len() as u64 {
-                        Counters::add(&shared.counters.lease_lost, batch.len() as u64 - n);
-                    }
+                    marked = Some(n);
                     break;
                 }
                 Err(e) if attempt < 5 => {
@@ -420,8 +429,14 @@ async fn complete_loop(shared: Arc<Shared>, mut done: mpsc::UnboundedReceiver<Le
             }
         }
         let mut held = shared.held();
+        let mut still_held = 0_u64;
         for lease in batch.drain(..) {
-            held.remove(&lease.id);
+            still_held += u64::from(held.remove(&lease.id).is_some());
+        }
+        // Jobs not marked had lost their lease; those the heartbeat had already dropped (and
+        // counted) are not held any more, so they are not counted twice.
+        if let Some(n) = marked {
+            Counters::add(&shared.counters.lease_lost, still_held.saturating_sub(n));
         }
     }
 }

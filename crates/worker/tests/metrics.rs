@@ -106,6 +106,15 @@ fn emf_line(publisher: &mut breakwater_worker::emf::Publisher) -> serde_json::Va
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_cloudwatch_line_counts_what_became_of_the_jobs_in_its_interval(pool: Pool) {
+    // Three no-ops complete; one delivery is retried (503, Retry-After: 1 s), then goes dead (422).
+    let script: common::Script = Arc::new(|n| match n {
+        1 => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+        _ => (StatusCode::UNPROCESSABLE_ENTITY, None),
+    });
+    let (rx, secret) = Receiver::start(script, Duration::ZERO).await;
+    let f = fixture(&pool, &rx.url(), 1).await;
+    *secret.lock().unwrap() = f.secret.clone();
+    messages::post(&pool, f.tenant, f.agent, f.conversations[0], "hello", None, None).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     for _ in 0..3 {
         jobs::enqueue(&mut tx, NewJob::new(jobs::kind::NOOP, serde_json::json!({}))).await.unwrap();
@@ -117,22 +126,55 @@ async fn the_cloudwatch_line_counts_what_became_of_the_jobs_in_its_interval(pool
     assert_eq!((before["JobsClaimed"].as_f64(), before["JobsHeld"].as_f64()), (Some(0.0), Some(0.0)), "{before}");
 
     let (stop, run) = start(&worker);
-    wait_idle(&pool, Duration::from_secs(10)).await;
-    // Completions are counted as the completer marks them, a moment after the queue is idle.
-    for _ in 0..100 {
-        if worker.counts().completed == 3 {
+    // Completions are counted as the completer marks them, a moment after the attempt.
+    for _ in 0..500 {
+        let c = worker.counts();
+        if (c.completed, c.retried, c.dead) == (3, 1, 1) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let during = emf_line(&mut publisher);
-    assert_eq!(during["JobsClaimed"].as_f64(), Some(3.0), "{during}");
-    assert_eq!(during["JobsCompleted"].as_f64(), Some(3.0), "{during}");
-    assert_eq!((during["JobsRetried"].as_f64(), during["JobsDead"].as_f64()), (Some(0.0), Some(0.0)), "{during}");
+    let figures =
+        |v: &serde_json::Value, names: &[&str]| -> Vec<Option<f64>> { names.iter().map(|n| v[n].as_f64()).collect() };
+    let names = ["JobsClaimed", "JobsCompleted", "JobsRetried", "JobsDead", "JobsLeaseLost", "JobsReleased"];
+    // The delivery was claimed twice: once per attempt.
+    assert_eq!(
+        figures(&during, &names),
+        [Some(5.0), Some(3.0), Some(1.0), Some(1.0), Some(0.0), Some(0.0)],
+        "{during}"
+    );
     stop.cancel();
     run.await.unwrap();
     // The next interval holds only what happened in it.
     let after = emf_line(&mut publisher);
-    assert_eq!((after["JobsClaimed"].as_f64(), after["JobsCompleted"].as_f64()), (Some(0.0), Some(0.0)), "{after}");
+    assert_eq!(figures(&after, &names), [Some(0.0); 6], "{after}");
     assert_eq!(after["JobsHeld"].as_f64(), Some(0.0), "{after}");
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn the_last_cloudwatch_line_counts_the_jobs_released_at_shutdown_and_holds_none(pool: Pool) {
+    // A receiver that takes 30 s: the delivery cannot finish within the shutdown budget.
+    let (rx, secret) = Receiver::ok(Duration::from_secs(30)).await;
+    let f = fixture(&pool, &rx.url(), 1).await;
+    *secret.lock().unwrap() = f.secret.clone();
+    messages::post(&pool, f.tenant, f.agent, f.conversations[0], "hello", None, None).await.unwrap();
+    let mut opts = options(Duration::from_secs(10));
+    opts.shutdown_budget = Duration::from_millis(300);
+    let worker = Worker::new(pool.clone(), opts);
+    let mut publisher = breakwater_worker::emf::Publisher::new("Breakwater", "test", worker.clone());
+    let (stop, run) = start(&worker);
+    for _ in 0..250 {
+        if rx.snapshot().1 > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let running = emf_line(&mut publisher);
+    assert_eq!((running["JobsClaimed"].as_f64(), running["JobsHeld"].as_f64()), (Some(1.0), Some(1.0)), "{running}");
+    stop.cancel();
+    assert_eq!(run.await.unwrap().released, 1);
+    let last = emf_line(&mut publisher);
+    assert_eq!((last["JobsReleased"].as_f64(), last["JobsHeld"].as_f64()), (Some(1.0), Some(0.0)), "{last}");
+    assert_eq!(last["JobsCompleted"].as_f64(), Some(0.0), "{last}");
 }
