@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{spawn_with, tenant};
+use common::{lock_contacts, spawn_with, tenant};
 use reqwest::StatusCode;
 use sqlx::PgPool;
 
@@ -31,12 +31,7 @@ async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers
     let conv = t.conversation(&app, ann).await;
 
     // One slow request holds the only slot of its class (it waits on a row lock).
-    let mut blocker = pool.begin().await.expect("tx");
-    sqlx::query("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE")
-        .bind(ann)
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    let blocker = lock_contacts(&pool, &[ann]).await;
     let slow = {
         let req = app.http.delete(app.url(&format!("/v1/contacts/{ann}"))).bearer_auth(&t.token);
         tokio::spawn(async move { req.send().await.map(|r| r.status()) })

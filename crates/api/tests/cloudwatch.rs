@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use breakwater_api::emf::{Publisher, SERVICE};
 use breakwater_domain::contacts::{self, NewContact};
 use breakwater_domain::jobs::{self, NewJob};
-use common::{TestApp, spawn_with, tenant};
+use common::{TestApp, lock_contacts, spawn_with, tenant};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -132,12 +132,7 @@ async fn each_line_counts_its_own_interval_and_reads_the_layers(pool: PgPool) {
 
     // A handler out of time is a failure, not a refusal, though both answer 503: the erasure
     // waits on Ann's row, locked here, past the request timeout.
-    let mut blocker = pool.begin().await.expect("tx");
-    sqlx::query("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE")
-        .bind(ann)
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    let blocker = lock_contacts(&pool, &[ann]).await;
     let r = app.call(reqwest::Method::DELETE, &path, Some(&t.token), None).await;
     assert_eq!((r.status.as_u16(), r.code()), (503, "request_timeout"), "{}", r.text);
     blocker.rollback().await.expect("release");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use breakwater_domain::contacts::{self, NewContact};
 use breakwater_domain::jobs::{self, NewJob};
-use common::{TestApp, spawn_with, tenant};
+use common::{TestApp, lock_contacts, spawn_with, tenant};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -117,12 +117,7 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
 
     // Admission: the admin's erasure of Bob holds the only slot (it waits on Bob's row lock);
     // four more requests meanwhile are shed at once.
-    let mut blocker = pool.begin().await.expect("tx");
-    sqlx::query("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE")
-        .bind(bob)
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    let blocker = lock_contacts(&pool, &[bob]).await;
     let slow = {
         let req = app.http.delete(app.url(&format!("/v1/contacts/{bob}"))).bearer_auth(&t.token);
         tokio::spawn(async move { req.send().await.map(|r| r.status()) })

@@ -64,12 +64,7 @@ async fn shutdown_turns_readiness_off_then_drains_in_flight_requests(pool: PgPoo
     let http = app.http.clone();
     // A request that is in flight when shutdown begins: it holds a row lock so the handler waits.
     let ann = t.contact(&app, "Ann", "ann@example.com").await;
-    let mut blocker = pool.begin().await.expect("tx");
-    sqlx::query("SELECT 1 FROM contacts WHERE id = $1 FOR UPDATE")
-        .bind(ann)
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    let blocker = common::lock_contacts(&pool, &[ann]).await;
     let erase_url = app.url(&format!("/v1/contacts/{ann}"));
     let in_flight = tokio::spawn({
         let http = http.clone();

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use breakwater_domain::tenants;
-use common::{spawn_with, tenant};
+use common::{lock_contacts, spawn_with, tenant};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -251,12 +251,7 @@ async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
     let bob = t.contact(&app, "Bob", "bob@example.com").await;
 
     // Two slow requests: each waits on a row lock, holding its slot and connection.
-    let mut blocker = pool.begin().await.expect("tx");
-    sqlx::query("SELECT 1 FROM contacts WHERE id = ANY($1) FOR UPDATE")
-        .bind(vec![ann, bob])
-        .execute(&mut *blocker)
-        .await
-        .expect("lock");
+    let blocker = lock_contacts(&pool, &[ann, bob]).await;
     let slow: Vec<_> = [ann, bob]
         .into_iter()
         .map(|id| {

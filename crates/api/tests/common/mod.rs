@@ -14,6 +14,19 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+/// Locks these contacts' rows until the returned transaction ends (rolled back or dropped): a
+/// request that writes one of them (an erasure) waits, holding its admission slot and its
+/// database connection. How the tests make a request slow on purpose.
+pub async fn lock_contacts(pool: &PgPool, ids: &[Uuid]) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.expect("tx");
+    sqlx::query("SELECT 1 FROM contacts WHERE id = ANY($1) FOR UPDATE")
+        .bind(ids)
+        .execute(&mut *tx)
+        .await
+        .expect("lock");
+    tx
+}
+
 /// A served app.
 pub struct TestApp {
     pub base: String,
