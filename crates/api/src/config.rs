@@ -223,17 +223,9 @@ pub struct Config {
     /// How often the tokio runtime's figures are sampled for `/metrics`, in ms.
     #[arg(long, env = "RUNTIME_METRICS_INTERVAL_MS", default_value_t = 1_000)]
     pub runtime_metrics_interval_ms: u64,
-    /// How often the figures are written to stdout as CloudWatch embedded-metric-format lines,
-    /// in seconds (0: never). For ECS, where nothing scrapes `/metrics`: the `awslogs` driver
-    /// carries the lines to CloudWatch, which makes them metrics.
-    #[arg(long, env = "METRICS_EMF_INTERVAL_SECS", default_value_t = 0)]
-    pub metrics_emf_interval_secs: u64,
-    /// The CloudWatch namespace of those metrics.
-    #[arg(long, env = "METRICS_EMF_NAMESPACE", default_value = "Breakwater")]
-    pub metrics_emf_namespace: String,
-    /// Their `Environment` dimension (the CloudFormation stacks' `EnvironmentName`).
-    #[arg(long, env = "METRICS_EMF_ENVIRONMENT", default_value = "local")]
-    pub metrics_emf_environment: String,
+    /// The CloudWatch metric lines (`METRICS_EMF_*`, shared with the worker).
+    #[command(flatten)]
+    pub metrics_emf: breakwater_telemetry::emf::Options,
     /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
     /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
@@ -327,19 +319,8 @@ impl Config {
                 "JOBS_STATS_TIMEOUT_MS must be positive and RUNTIME_METRICS_INTERVAL_MS at least 10",
             ));
         }
-        if self.metrics_emf_namespace.trim().is_empty()
-            || self.metrics_emf_namespace.starts_with("AWS/")
-            || self.metrics_emf_environment.trim().is_empty()
-        {
-            return Err(ConfigError::Metrics);
-        }
+        self.metrics_emf.validate().map_err(|_| ConfigError::Metrics)?;
         Ok(())
-    }
-
-    /// How often the CloudWatch lines are written (`None`: never).
-    #[must_use]
-    pub fn metrics_emf_interval(&self) -> Option<Duration> {
-        (self.metrics_emf_interval_secs > 0).then(|| Duration::from_secs(self.metrics_emf_interval_secs))
     }
 
     /// Idle keep-alive timeout.
@@ -413,9 +394,9 @@ mod tests {
     #[test]
     fn the_cloudwatch_lines_are_off_by_default_and_need_a_namespace_of_our_own() {
         let cfg = Config::from_args(Vec::<&str>::new()).expect("parses");
-        assert_eq!((cfg.metrics_emf_interval(), cfg.validate()), (None, Ok(())));
+        assert_eq!((cfg.metrics_emf.interval(), cfg.validate()), (None, Ok(())));
         let cfg = Config::from_args(["--metrics-emf-interval-secs", "15"]).expect("parses");
-        assert_eq!(cfg.metrics_emf_interval(), Some(Duration::from_secs(15)));
+        assert_eq!(cfg.metrics_emf.interval(), Some(Duration::from_secs(15)));
         for bad in [
             ["--metrics-emf-namespace", "AWS/ECS"],
             ["--metrics-emf-namespace", " "],

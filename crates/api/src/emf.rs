@@ -12,10 +12,9 @@
 //! are counted too.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use breakwater_telemetry::emf::{self, Line, Source, Unit};
-use tokio_util::sync::CancellationToken;
+use breakwater_telemetry::emf::{Line, Source, Unit};
 
 use crate::metrics::Outcomes;
 use crate::state::AppState;
@@ -137,19 +136,22 @@ fn non_negative(n: i64) -> u64 {
 }
 
 /// The API's [`Source`]: its publisher and the state it reads.
-struct ApiSource {
+#[derive(Debug)]
+pub(crate) struct ApiSource {
     publisher: Publisher,
     state: AppState,
+}
+
+impl ApiSource {
+    /// Lines in the namespace and environment of the state's configuration.
+    pub(crate) fn new(state: AppState) -> Self {
+        let options = &state.config.metrics_emf;
+        Self { publisher: Publisher::new(&options.namespace, &options.environment), state }
+    }
 }
 
 impl Source for ApiSource {
     async fn lines(&mut self) -> Vec<Line> {
         self.publisher.lines(&self.state).await
     }
-}
-
-/// Writes the lines every `every` until `stop`, then once more (the task's last interval).
-pub(crate) async fn publish(state: AppState, every: Duration, stop: CancellationToken) {
-    let publisher = Publisher::new(&state.config.metrics_emf_namespace, &state.config.metrics_emf_environment);
-    emf::publish(ApiSource { publisher, state }, every, stop).await;
 }

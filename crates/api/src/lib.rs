@@ -176,9 +176,8 @@ pub struct Running {
     pub state: AppState,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
-    /// The CloudWatch lines' writer, when configured, and its stop.
-    emf: Option<tokio::task::JoinHandle<()>>,
-    emf_stop: CancellationToken,
+    /// The CloudWatch lines' writer, when configured.
+    emf: Option<breakwater_telemetry::emf::Publishing>,
 }
 
 impl Running {
@@ -192,12 +191,9 @@ impl Running {
         tokio::time::sleep(drain_delay).await;
         self.shutdown.cancel();
         let served = self.task.await;
-        self.emf_stop.cancel();
-        if let Some(emf) = self.emf
-            && let Err(e) = emf.await
-        {
-            // Metrics lost are not worth a failed shutdown, nor hiding the server's own error.
-            tracing::error!(error = %e, "the CloudWatch metrics writer failed");
+        // The last lines once the server has drained, so its final requests are counted.
+        if let Some(emf) = self.emf {
+            emf.finish().await;
         }
         served??;
         self.state.pool.close().await;
@@ -243,12 +239,7 @@ pub async fn start_with_pool(
         state.config.runtime_metrics_interval(),
         shutdown.clone(),
     ));
-    // Its own stop: the last line is written once the server has drained.
-    let emf_stop = CancellationToken::new();
-    let emf = state
-        .config
-        .metrics_emf_interval()
-        .map(|every| tokio::spawn(emf::publish(state.clone(), every, emf_stop.clone())));
+    let emf = state.config.metrics_emf.start(emf::ApiSource::new(state.clone()));
     let task = tokio::spawn(server::serve(
         listener,
         app(state.clone()).map_err(|e: Infallible| match e {}),
@@ -256,7 +247,7 @@ pub async fn start_with_pool(
         options,
         shutdown.clone(),
     ));
-    Ok(Running { addr, state, shutdown, task, emf, emf_stop })
+    Ok(Running { addr, state, shutdown, task, emf })
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.

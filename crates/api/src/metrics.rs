@@ -4,10 +4,9 @@
 //! `refused` for a deliberate 429/503, `error` for a 500 and the 503s that are failures), and
 //! every live figure the layers publish on `/v1/ops/status`, read at scrape time; the job
 //! queue's figures through a short cache ([`crate::queue_stats`]); and the tokio runtime's
-//! health, sampled every
-//! `RUNTIME_METRICS_INTERVAL_MS` by a task that ends with the app ([`sample_runtime`]). The
-//! registry belongs to the app (no global recorder), so several apps in one process (tests) do
-//! not mix their figures.
+//! health, sampled every `RUNTIME_METRICS_INTERVAL_MS` by a task that ends with the app
+//! ([`sample_runtime`]). The registry belongs to the app (no global recorder), so several apps
+//! in one process (tests) do not mix their figures.
 //!
 //! Runtime health uses what stable tokio offers (no `--cfg tokio_unstable`): the runtime's
 //! workers, live tasks, global queue depth, busy time and parks, and, for the request futures

@@ -128,6 +128,87 @@ impl Line {
     }
 }
 
+/// Whether and where a process writes its lines: the same variables for every binary.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// How often the figures are written to stdout as CloudWatch embedded-metric-format lines,
+    /// in seconds (0: never). For ECS, where nothing scrapes `/metrics`: the `awslogs` driver
+    /// carries the lines to CloudWatch, which makes them metrics.
+    #[arg(long = "metrics-emf-interval-secs", env = "METRICS_EMF_INTERVAL_SECS", default_value_t = 0)]
+    pub interval_secs: u64,
+    /// The CloudWatch namespace of those metrics.
+    #[arg(long = "metrics-emf-namespace", env = "METRICS_EMF_NAMESPACE", default_value = "Breakwater")]
+    pub namespace: String,
+    /// Their `Environment` dimension (the CloudFormation stacks' `EnvironmentName`).
+    #[arg(long = "metrics-emf-environment", env = "METRICS_EMF_ENVIRONMENT", default_value = "local")]
+    pub environment: String,
+}
+
+/// The namespace is empty or AWS's own (`AWS/...`), or the environment is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidOptions;
+
+impl std::fmt::Display for InvalidOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("METRICS_EMF_NAMESPACE must be set and not start with AWS/, METRICS_EMF_ENVIRONMENT must be set")
+    }
+}
+
+impl std::error::Error for InvalidOptions {}
+
+impl Options {
+    /// How often the lines are written (`None`: never).
+    #[must_use]
+    pub fn interval(&self) -> Option<Duration> {
+        (self.interval_secs > 0).then(|| Duration::from_secs(self.interval_secs))
+    }
+
+    /// Refuses a namespace CloudWatch reserves or an empty name.
+    ///
+    /// # Errors
+    /// [`InvalidOptions`].
+    pub fn validate(&self) -> Result<(), InvalidOptions> {
+        if self.namespace.trim().is_empty() || self.namespace.starts_with("AWS/") || self.environment.trim().is_empty()
+        {
+            return Err(InvalidOptions);
+        }
+        Ok(())
+    }
+
+    /// Starts writing `source`'s lines, if an interval is set.
+    #[must_use]
+    pub fn start(&self, source: impl Source + Send + 'static) -> Option<Publishing> {
+        self.interval().map(|every| Publishing::start(source, every))
+    }
+}
+
+/// A [`publish`] running in the background.
+#[derive(Debug)]
+pub struct Publishing {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Publishing {
+    /// Writes `source`'s lines every `every` until [`Publishing::finish`].
+    #[must_use]
+    pub fn start(source: impl Source + Send + 'static, every: Duration) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(publish(source, every, stop.clone()));
+        Self { stop, task }
+    }
+
+    /// Writes the last lines (what happened since the previous ones) and waits for them. Call it
+    /// once the process has done its work (drained, stopped), so that work is counted. A failed
+    /// writer is logged, never returned: lost metrics are not worth a failed shutdown.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the CloudWatch metrics writer failed");
+        }
+    }
+}
+
 /// What a process publishes: its lines for the interval since the previous call.
 pub trait Source {
     /// The lines (counters as what happened since the previous call).

@@ -127,16 +127,9 @@ struct Config {
     /// served (the benchmark and the tests run several workers on one machine).
     #[arg(long, env = "WORKER_METRICS_ADDR")]
     metrics_addr: Option<String>,
-    /// How often the worker's figures are written to stdout as CloudWatch embedded-metric-format
-    /// lines, in seconds (0: never): the API's variable, for ECS.
-    #[arg(long, env = "METRICS_EMF_INTERVAL_SECS", default_value_t = 0)]
-    metrics_emf_interval_secs: u64,
-    /// The CloudWatch namespace of those metrics.
-    #[arg(long, env = "METRICS_EMF_NAMESPACE", default_value = "Breakwater")]
-    metrics_emf_namespace: String,
-    /// Their `Environment` dimension (the CloudFormation stacks' `EnvironmentName`).
-    #[arg(long, env = "METRICS_EMF_ENVIRONMENT", default_value = "local")]
-    metrics_emf_environment: String,
+    /// The CloudWatch metric lines (`METRICS_EMF_*`, the API's variables).
+    #[command(flatten)]
+    metrics_emf: breakwater_telemetry::emf::Options,
     /// Exit once the queue has nothing due and nothing is running (the benchmark's workers).
     #[arg(long, env = "WORKER_EXIT_WHEN_IDLE", default_value_t = false, hide = true)]
     exit_when_idle: bool,
@@ -158,14 +151,7 @@ impl Config {
         if self.lease_ms < 100 || self.concurrency == 0 || self.batch == 0 {
             anyhow::bail!("WORKER_LEASE_MS must be at least 100, WORKER_CONCURRENCY and WORKER_BATCH at least 1");
         }
-        if self.metrics_emf_namespace.trim().is_empty()
-            || self.metrics_emf_namespace.starts_with("AWS/")
-            || self.metrics_emf_environment.trim().is_empty()
-        {
-            anyhow::bail!(
-                "METRICS_EMF_NAMESPACE must be set and not start with AWS/, METRICS_EMF_ENVIRONMENT must be set"
-            );
-        }
+        self.metrics_emf.validate()?;
         let policy = match self.app_env {
             AppEnv::Production => WebhookPolicy::production(),
             AppEnv::Development => WebhookPolicy::development(),
@@ -256,23 +242,15 @@ async fn run(config: &Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    // Its own stop: the last line is written once the worker has stopped (its releases counted).
-    let emf_stop = CancellationToken::new();
-    let emf = (config.metrics_emf_interval_secs > 0).then(|| {
-        let publisher = breakwater_worker::emf::Publisher::new(
-            &config.metrics_emf_namespace,
-            &config.metrics_emf_environment,
-            worker.clone(),
-        );
-        let every = Duration::from_secs(config.metrics_emf_interval_secs);
-        tokio::spawn(breakwater_telemetry::emf::publish(publisher, every, emf_stop.clone()))
-    });
+    let emf = config.metrics_emf.start(breakwater_worker::emf::Publisher::new(
+        &config.metrics_emf.namespace,
+        &config.metrics_emf.environment,
+        worker.clone(),
+    ));
     let counts = worker.run(stop).await;
-    emf_stop.cancel();
-    if let Some(emf) = emf
-        && let Err(e) = emf.await
-    {
-        tracing::warn!(error = %e, "the CloudWatch metrics writer failed");
+    // The last line once the worker has stopped, so its releases are counted.
+    if let Some(emf) = emf {
+        emf.finish().await;
     }
     served.cancel();
     if let Some(server) = server {
