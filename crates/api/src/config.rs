@@ -177,6 +177,11 @@ pub struct Config {
     /// Largest request body accepted, in bytes; larger ones get 413 before anything else runs.
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 64 * 1024)]
     pub body_limit_bytes: usize,
+    /// The longest a client may take to send a request's body, in milliseconds. The body is
+    /// read whole before admission and the database bulkhead, so a stalled body holds neither;
+    /// past this it is answered 408 `body_timeout` and the connection closed.
+    #[arg(long, env = "BODY_READ_TIMEOUT_MS", default_value_t = 5_000)]
+    pub body_read_timeout_ms: u64,
     /// Most open client connections; what happens to further ones is `CONNECTION_OVERFLOW`.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
@@ -311,7 +316,7 @@ impl Config {
         {
             return Err(ConfigError::Throttles);
         }
-        if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 {
+        if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 || self.body_read_timeout_ms == 0 {
             return Err(ConfigError::Timeouts("timeouts must be at least one second"));
         }
         if self.jobs_stats_timeout_ms == 0 || self.runtime_metrics_interval_ms < 10 {
@@ -333,6 +338,12 @@ impl Config {
     #[must_use]
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_secs(self.header_read_timeout_secs)
+    }
+
+    /// Body read timeout.
+    #[must_use]
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
 
     /// Handler timeout.

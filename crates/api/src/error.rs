@@ -72,6 +72,12 @@ pub enum ApiError {
         /// The cap, in bytes.
         limit: usize,
     },
+    /// The client did not send its whole body within the body-read timeout.
+    #[error("the request body did not arrive within {} ms", timeout.as_millis())]
+    BodyTimeout {
+        /// The body-read timeout.
+        timeout: std::time::Duration,
+    },
     /// A throttle bucket ran out.
     #[error("rate limit exceeded for this {kind}")]
     RateLimited {
@@ -106,6 +112,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "method_not_allowed"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict", "conflict"),
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request", "body_too_large"),
+            Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "invalid_request", "body_timeout"),
             Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited", "rate_limited"),
             Self::DbSaturated => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_saturated"),
             Self::DbUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_unavailable"),
@@ -125,7 +132,7 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             Self::RateLimited { retry_after, .. } => Some(*retry_after),
-            Self::DbSaturated | Self::Timeout => Some(1),
+            Self::DbSaturated | Self::Timeout | Self::BodyTimeout { .. } => Some(1),
             Self::DbUnavailable => Some(2),
             _ => None,
         }

@@ -20,7 +20,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let limit = req.extensions().get::<crate::body_limit::BodyLimit>().map(|l| l.0);
+        let limit = req.extensions().get::<crate::body::BodyLimit>().map(|l| l.0);
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(Self(value)),
             Err(rejection) => Err(json_rejection(&rejection, limit)),

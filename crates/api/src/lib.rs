@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
-//!   -> body cap (413)                                                             body_limit.rs
+//!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
 //!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here
@@ -18,7 +18,7 @@
 
 pub mod admission;
 pub mod auth;
-pub mod body_limit;
+pub mod body;
 pub mod bulkhead;
 pub mod config;
 pub mod emf;
@@ -135,17 +135,19 @@ async fn close_when_draining(State(state): State<AppState>, req: Request, next: 
     response
 }
 
-/// The whole app as served: the body cap, then admission control, outside the routes, so an
-/// oversized request is refused before anything else runs and an over-capacity one before any
-/// routing, auth or database work.
+/// The whole app as served: the body layer, then admission control, outside the routes. An
+/// oversized request is refused before anything else runs; a body is read whole before the
+/// request can hold an admission or database slot, so a client that stalls its body waits on
+/// its own connection only; an over-capacity request is refused before any routing, auth or
+/// database work.
 pub fn app(
     state: AppState,
 ) -> impl tower::Service<Request, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
 {
-    let limit = state.config.body_limit_bytes;
+    let body = body::BodyLayer(state.body.clone());
     let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
     let admitted = admission.layer(router(state).into_service::<Body>()).map_response(|r| r.map(Body::new));
-    body_limit::BodyLimitLayer(limit).layer(admitted)
+    body.layer(admitted)
 }
 
 async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {

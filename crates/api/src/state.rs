@@ -28,6 +28,8 @@ pub struct AppState {
     pub admission: breakwater_admission::Admission,
     /// Its route classes.
     pub classes: crate::admission::Classes,
+    /// The request body's cap and read timeout, with what they refused.
+    pub body: Arc<crate::body::BodyIntake>,
     /// The database bulkhead.
     pub bulkhead: Arc<Bulkhead>,
     /// The tenant/user/IP throttles.
@@ -52,6 +54,7 @@ impl AppState {
         Ok(Self {
             admission,
             classes,
+            body: Arc::new(crate::body::BodyIntake::new(config.body_limit_bytes, config.body_read_timeout())),
             bulkhead: Arc::new(Bulkhead::new(config.db.db_pool_size as usize, config.db.acquire_timeout())),
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,

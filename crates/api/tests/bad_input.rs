@@ -173,7 +173,7 @@ async fn oversized_bodies_get_413_declared_or_streamed(pool: PgPool) {
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"), "{}", r.text);
 
-    // Streamed (chunked, no Content-Length): cut at the cap by the extractor.
+    // Streamed (chunked, no Content-Length): cut at the cap as it is read.
     let chunks: Vec<Result<String, std::io::Error>> =
         big.as_bytes().chunks(512).map(|c| Ok(String::from_utf8_lossy(c).into_owned())).collect();
     let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));

@@ -33,8 +33,8 @@ pub(crate) struct OpsStatus {
 pub(crate) struct Layers {
     /// Socket accept and connection timeouts.
     connections: Connections,
-    /// The request body cap.
-    body: Body,
+    /// The request body: its cap and read timeout, and what they refused.
+    body: crate::body::BodyStatus,
     /// Admission control: the adaptive limit, in-flight, queue, sheds, per class.
     #[schema(value_type = Object)]
     capacity: breakwater_admission::Snapshot,
@@ -100,13 +100,6 @@ pub(crate) struct Connections {
     request_timeout_seconds: u64,
 }
 
-/// The body cap.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(crate) struct Body {
-    /// Largest accepted body, bytes.
-    limit_bytes: usize,
-}
-
 /// The PostgreSQL pool.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct Pool {
@@ -169,7 +162,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
                 request_timeout_seconds: cfg.request_timeout_secs,
             },
-            body: Body { limit_bytes: cfg.body_limit_bytes },
+            body: state.body.status(),
             capacity: state.admission.snapshot(),
             throttles: state.throttles.status(),
             bulkhead: state.bulkhead.status(),

@@ -1,0 +1,104 @@
+//! Hostile clients pay in their own time, never in shared resources: a body stalled on purpose
+//! holds no admission slot and no database slot, and every other tenant is served meanwhile.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// Opens a connection and sends a request whose body declares `declared` bytes but carries only
+/// `sent`: the headers and the first bytes arrive, the rest never does.
+async fn stall(addr: std::net::SocketAddr, method: &str, path: &str, token: &str, sent: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{sent}"
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream
+}
+
+/// Reads until the server closes the connection; returns what it sent.
+async fn read_to_close(mut stream: TcpStream, within: Duration) -> String {
+    let mut out = Vec::new();
+    tokio::time::timeout(within, stream.read_to_end(&mut out)).await.expect("answered and closed in time").ok();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn stalled_bodies_hold_no_slot_and_every_other_tenant_is_served(pool: PgPool) {
+    // Two database slots; the stalling agent opens ten times as many stalled writes.
+    let app = common::spawn_with(pool.clone(), &["--db-pool-size", "2", "--body-read-timeout-ms", "1500"]).await;
+    let attacker = common::tenant(&pool, "Attacker").await;
+    let victim = common::tenant(&pool, "Victim").await;
+    let ann = attacker.contact(&app, "Ann", "ann@example.com").await;
+    let conv = attacker.conversation(&app, ann).await;
+    let writes = [
+        ("POST", "/v1/contacts".to_owned()),
+        ("POST", "/v1/conversations".to_owned()),
+        ("PATCH", format!("/v1/conversations/{conv}")),
+        ("POST", format!("/v1/conversations/{conv}/messages")),
+    ];
+    let started = Instant::now();
+    let mut stalled = Vec::new();
+    for i in 0..20 {
+        let (method, path) = &writes[i % writes.len()];
+        stalled.push(stall(app.running.addr, method, path, &attacker.agent_token, "{\"bo").await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let layers = &status.body["layers"];
+    assert_eq!(layers["bulkhead"]["in_use"], 0, "a stalled body holds a database slot: {layers}");
+    assert_eq!(layers["capacity"]["in_flight"], 0, "a stalled body holds an admission slot: {layers}");
+
+    // Every other tenant is served, reads and writes, while the bodies stall.
+    for i in 0..20 {
+        let r = app.get("/v1/conversations?status=open", &victim.token).await;
+        assert_eq!(r.status, StatusCode::OK, "read {i} during the stall: {}", r.text);
+    }
+    let r = app.post("/v1/contacts", &victim.token, json!({"name": "Vic"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "a write during the stall: {}", r.text);
+    assert!(started.elapsed() < Duration::from_millis(1400), "the stall must still be on: {:?}", started.elapsed());
+
+    // Each stalled request is answered 408 `body_timeout` at the read timeout, then closed.
+    for stream in stalled {
+        let answer = read_to_close(stream, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+        assert!(answer.to_lowercase().contains("connection: close"), "{answer}");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(1500), "answered before the timeout: {:?}", started.elapsed());
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    assert_eq!(status.body["layers"]["body"]["timed_out"], 20, "{}", status.text);
+    assert_eq!(status.body["layers"]["body"]["read_timeout_ms"], 1500);
+    // Nothing the stalled requests carried was written.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM messages").fetch_one(&pool).await.expect("count");
+    assert_eq!(n, 0);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_body_sent_slowly_within_the_timeout_is_served(pool: PgPool) {
+    let app = common::spawn_with(pool.clone(), &["--body-read-timeout-ms", "2000"]).await;
+    let t = common::tenant(&pool, "Acme").await;
+    let body = json!({"name": "Slow but steady"}).to_string();
+    let mut stream = TcpStream::connect(app.running.addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/contacts HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        t.token,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    for chunk in body.as_bytes().chunks(8) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stream.write_all(chunk).await.expect("chunk");
+    }
+    let answer = read_to_close(stream, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+}
