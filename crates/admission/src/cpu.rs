@@ -63,8 +63,9 @@ const RESET_GAP: u32 = 5;
 /// mostly stay under the backstop.
 const BURST: f64 = 0.2;
 /// While shut, what passes (or is held) in one window never exceeds the budget by more than this
-/// factor, whatever the shares say (tenants new to the table have no rate yet, and claims are
-/// unverified: a client changing its claim every window must not walk around the gate). Above
+/// factor, whatever the shares say (tenants new to the table have no rate yet, and the user's
+/// key may not be verified: a client changing its key every window must not walk around the
+/// gate). Above
 /// `1 + BURST`, so tenants on their schedules seldom reach it: only when the level is a few
 /// requests a window, where whole requests round up and tenants that started in the same window
 /// stay in phase.

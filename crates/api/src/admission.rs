@@ -6,14 +6,14 @@
 //! their own limit and queue, so cheap reads (one conversation, a page of messages) and writes
 //! never wait behind them.
 
-use std::hash::{Hash as _, Hasher as _};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{Method, Request, header};
-use base64::Engine as _;
+use axum::http::{Method, Request};
 use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, CpuMeter, Mode, Route};
 use breakwater_cgroup::CpuAccount;
+
+use crate::auth::Verified;
 
 /// Admission settings from the environment.
 #[derive(Debug, Clone, clap::Args)]
@@ -165,26 +165,15 @@ pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + 
     }
 }
 
-/// The tenant a request claims, read from its token's payload without verifying it (admission
-/// runs before auth and must stay cheap). A forged claim can only change which turn a request
-/// waits for in the queue, and which tenant's share of the CPU gate it is counted in; the token
-/// is verified before anything is served.
+/// The key admission takes turns over (and the CPU gate counts shares by): the tenant of the
+/// request's verified token (`auth::verify_request` ran before admission). A request without a
+/// valid token, forged, expired or absent, gets `None`: every such request shares that one
+/// anonymous key, so a forged claim can neither be counted against a victim tenant's share nor
+/// take a fresh turn of its own.
 pub fn tenant_key<B>(req: &Request<B>) -> Option<u64> {
-    let token = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?;
-    let payload = token.split('.').nth(1)?;
-    if payload.len() > 2048 {
-        return None;
-    }
-    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    #[derive(serde::Deserialize)]
-    struct Claim<'a> {
-        #[serde(borrow)]
-        tenant_id: &'a str,
-    }
-    let claim: Claim<'_> = serde_json::from_slice(&json).ok()?;
-    let mut hasher = std::hash::DefaultHasher::new();
-    claim.tenant_id.hash(&mut hasher);
-    Some(hasher.finish())
+    let Verified(Ok(auth)) = req.extensions().get::<Verified>()? else { return None };
+    let (high, low) = auth.tenant.0.as_u64_pair();
+    Some(high ^ low)
 }
 
 #[cfg(test)]
@@ -205,18 +194,36 @@ mod tests {
     }
 
     #[test]
-    fn tenant_key_reads_the_claim_and_ignores_garbage() {
-        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
-        let req = |auth: &str| Request::builder().header(header::AUTHORIZATION, auth).body(()).expect("request");
-        let a1 = format!("Bearer h.{}.s", b64(r#"{"tenant_id":"a","sub":"1"}"#));
-        let a2 = format!("Bearer h.{}.s", b64(r#"{"sub":"2","tenant_id":"a"}"#));
-        let b = format!("Bearer h.{}.s", b64(r#"{"tenant_id":"b"}"#));
-        assert_eq!(tenant_key(&req(&a1)), tenant_key(&req(&a2)));
-        assert_ne!(tenant_key(&req(&a1)), tenant_key(&req(&b)));
-        assert!(tenant_key(&req(&a1)).is_some());
-        for bad in ["Bearer", "Bearer x", "Basic abc", "Bearer a.!!!.c", &format!("Bearer h.{}.s", b64("[1]"))] {
-            assert_eq!(tenant_key(&req(bad)), None, "{bad}");
-        }
+    fn the_key_is_the_verified_tenant_and_a_forged_claim_is_anonymous() {
+        use crate::auth::{Claims, JwtKeys, verify_request};
+        use axum::http::header::AUTHORIZATION;
+        use breakwater_domain::tenants::Role;
+        use secrecy::SecretString;
+        let ours = JwtKeys::new(&SecretString::from("our-secret-our-secret-our-secret"));
+        let theirs = JwtKeys::new(&SecretString::from("a-forger-s-key-a-forger-s-key-xx"));
+        let exp = u64::try_from(chrono::Utc::now().timestamp()).expect("after 1970") + 60;
+        let (victim, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let token = |keys: &JwtKeys, tenant| {
+            keys.mint(&Claims { tenant_id: tenant, sub: uuid::Uuid::now_v7(), role: Role::Admin, exp }).expect("mint")
+        };
+        let key = |auth: Option<String>| {
+            let mut req = Request::builder();
+            if let Some(a) = auth {
+                req = req.header(AUTHORIZATION, format!("Bearer {a}"));
+            }
+            tenant_key(&verify_request(&ours, req.body(()).expect("request")))
+        };
+        let victims = key(Some(token(&ours, victim)));
+        assert!(victims.is_some());
+        assert_eq!(victims, key(Some(token(&ours, victim))), "one tenant, one key");
+        assert_ne!(victims, key(Some(token(&ours, other))));
+        // Signed with another key, claiming the victim: anonymous, like no token at all.
+        assert_eq!(key(Some(token(&theirs, victim))), None);
+        assert_eq!(key(Some("h.eyJ0ZW5hbnRfaWQiOiJ4In0.s".to_owned())), None);
+        assert_eq!(key(None), None);
+        // Without the verification layer nothing is trusted.
+        let unverified = Request::builder().header(AUTHORIZATION, format!("Bearer {}", token(&ours, victim)));
+        assert_eq!(tenant_key(&unverified.body(()).expect("request")), None);
     }
 
     impl AdmissionSettings {

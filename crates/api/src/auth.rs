@@ -1,6 +1,9 @@
 //! JWT authentication: HS256 tokens carrying `tenant_id`, `sub` (user) and `role`.
 //!
-//! Handlers take an [`Auth`], so no handler can reach the domain without a verified tenant.
+//! A request's token is verified once, before admission ([`verify_request`], as
+//! [`Verified`] in its extensions): admission's tenant key and the throttles read that outcome,
+//! so nothing divides capacity on a claim whose signature was not checked. Handlers take an
+//! [`Auth`], so no handler can reach the domain without a verified tenant.
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
@@ -104,6 +107,40 @@ impl Auth {
     }
 }
 
+/// The outcome of verifying a request's token, set by [`verify_request`] before admission: the
+/// principal, or why there is none (the 401's message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verified(pub Result<Auth, &'static str>);
+
+/// Verifies the request's token once (HS256: a few microseconds, the price of a base64 and JSON
+/// decode that reading the claim unverified paid anyway) and records the outcome.
+pub fn verify_request<B>(keys: &JwtKeys, mut req: axum::http::Request<B>) -> axum::http::Request<B> {
+    let outcome = Auth::from_headers(req.headers(), keys).map_err(|e| match e {
+        ApiError::Unauthorized(why) => why,
+        _ => "invalid token",
+    });
+    req.extensions_mut().insert(Verified(outcome));
+    req
+}
+
+impl Auth {
+    /// The request's principal: the outcome [`verify_request`] recorded, or (when that layer did
+    /// not run) the token verified now.
+    ///
+    /// # Errors
+    /// [`ApiError::Unauthorized`] when the token is missing, malformed, expired or forged.
+    pub fn of_request(
+        extensions: &axum::http::Extensions,
+        headers: &axum::http::HeaderMap,
+        keys: &JwtKeys,
+    ) -> Result<Self, ApiError> {
+        match extensions.get::<Verified>() {
+            Some(Verified(outcome)) => outcome.map_err(ApiError::Unauthorized),
+            None => Self::from_headers(headers, keys),
+        }
+    }
+}
+
 impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
@@ -112,7 +149,7 @@ impl FromRequestParts<AppState> for Auth {
         if let Some(auth) = parts.extensions.get::<Self>() {
             return Ok(*auth);
         }
-        let auth = Self::from_headers(&parts.headers, &state.jwt)?;
+        let auth = Self::of_request(&parts.extensions, &parts.headers, &state.jwt)?;
         parts.extensions.insert(auth);
         Ok(auth)
     }

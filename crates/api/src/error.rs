@@ -23,7 +23,7 @@ pub struct ErrorEnvelope {
 /// What went wrong and what the client can do about it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// The class of error (`invalid_request`, `unauthorized`, `not_found`, `conflict`,
+    /// The class of error (`invalid_request`, `unauthorized`, `forbidden`, `not_found`, `conflict`,
     /// `rate_limited`, `service_unavailable`, `internal`).
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -57,6 +57,9 @@ pub enum ApiError {
     /// Missing, malformed, expired or forged token; or a token whose user does not exist.
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// A valid token whose role may not do this (the permission table).
+    #[error("this operation needs the {0} role")]
+    Forbidden(&'static str),
     /// No such resource for this tenant (also: another tenant's resource).
     #[error("not found")]
     NotFound,
@@ -108,6 +111,7 @@ impl ApiError {
             Self::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request", "invalid_request"),
             Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "invalid_request"),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "unauthorized"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "forbidden"),
             Self::NotFound => (StatusCode::NOT_FOUND, "not_found", "not_found"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "method_not_allowed"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict", "conflict"),

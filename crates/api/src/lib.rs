@@ -5,6 +5,7 @@
 //! ```text
 //! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
 //!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
+//!   -> token verified once (its tenant keys admission; forged: one anonymous key)  auth.rs
 //!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here
@@ -26,6 +27,7 @@ pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod openapi;
+pub mod permissions;
 pub mod queue_stats;
 pub mod redis;
 mod routes;
@@ -145,9 +147,11 @@ pub fn app(
 ) -> impl tower::Service<Request, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
 {
     let body = body::BodyLayer(state.body.clone());
+    let keys = state.jwt.clone();
     let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
     let admitted = admission.layer(router(state).into_service::<Body>()).map_response(|r| r.map(Body::new));
-    body.layer(admitted)
+    let verified = admitted.map_request(move |req| auth::verify_request(&keys, req));
+    body.layer(verified)
 }
 
 async fn request_timeout(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {

@@ -19,7 +19,7 @@ use crate::routes::{contacts, conversations, health, messages, ops};
         health::health, health::ready, ops::status,
     ),
     components(schemas(breakwater_domain::messages::Order)),
-    modifiers(&BearerAuth, &LayerResponses),
+    modifiers(&BearerAuth, &Roles, &LayerResponses),
     tags((name = "conversations"), (name = "messages"), (name = "contacts"), (name = "ops"))
 )]
 pub struct ApiDoc;
@@ -36,6 +36,54 @@ impl Modify for BearerAuth {
     }
 }
 
+/// A response whose body is the error envelope.
+fn envelope(description: &str) -> RefOr<utoipa::openapi::Response> {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                    <ErrorEnvelope as utoipa::ToSchema>::name(),
+                ))))
+                .build(),
+        )
+        .into()
+}
+
+/// Each bearer operation's role, from the permission table (its one owner), as the scope of
+/// its `bearer` requirement; an admin-only operation also documents its 403. An operation the
+/// table does not list keeps an empty scope, which the document's test refuses.
+struct Roles;
+
+impl Modify for Roles {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::SecurityRequirement;
+        for (path, item) in &mut openapi.paths.paths {
+            let operations = [
+                (axum::http::Method::GET, &mut item.get),
+                (axum::http::Method::PUT, &mut item.put),
+                (axum::http::Method::POST, &mut item.post),
+                (axum::http::Method::PATCH, &mut item.patch),
+                (axum::http::Method::DELETE, &mut item.delete),
+            ];
+            for (method, op) in operations {
+                let Some(op) = op.as_mut() else { continue };
+                if op.security.as_ref().is_none_or(Vec::is_empty) {
+                    continue;
+                }
+                let Some(role) = crate::permissions::required(&method, path) else { continue };
+                op.security = Some(vec![SecurityRequirement::new("bearer", [crate::permissions::role_name(role)])]);
+                if role != breakwater_domain::tenants::Role::Agent {
+                    op.responses
+                        .responses
+                        .insert("403".to_owned(), envelope("The token's role may not do this (the permission table)"));
+                }
+            }
+        }
+    }
+}
+
 /// The refusals the layers in front of every tenant route may answer with, whatever the handler
 /// does: documented once here rather than on each handler, so the document cannot drift from
 /// the layers (the chaos suite's schemathesis run fails on any undocumented status).
@@ -43,19 +91,6 @@ struct LayerResponses;
 
 impl Modify for LayerResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let envelope = |description: &str| -> RefOr<utoipa::openapi::Response> {
-            ResponseBuilder::new()
-                .description(description)
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                            <ErrorEnvelope as utoipa::ToSchema>::name(),
-                        ))))
-                        .build(),
-                )
-                .into()
-        };
         for item in openapi.paths.paths.values_mut() {
             let operations = [
                 &mut item.get,
@@ -85,6 +120,7 @@ impl Modify for LayerResponses {
                 );
                 if op.request_body.is_some() {
                     add("413", "The body exceeds the cap");
+                    add("408", "The body did not arrive within the body-read timeout; the connection is closed");
                 }
             }
         }

@@ -1,11 +1,13 @@
-//! The throttle middleware: verifies the token (so the handler does not again), finds the
-//! client's address, and asks the throttles; 429 with `Retry-After` and the envelope when a
-//! bucket ran out, the IETF `RateLimit-Policy`/`RateLimit` headers on every answer.
+//! The throttle middleware: takes the verified principal (the token was verified before
+//! admission, `auth::verify_request`; the handler does not verify it again), checks the
+//! caller's role against the permission table (403, `permissions.rs`), finds the client's
+//! address, and asks the throttles; 429 with `Retry-After` and the envelope when a bucket ran
+//! out, the IETF `RateLimit-Policy`/`RateLimit` headers on every answer.
 
 use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Response};
 use axum::middleware::Next;
 use axum::response::IntoResponse as _;
@@ -53,9 +55,24 @@ fn insert_rate_headers(headers: &mut HeaderMap, name: &str, limit: Limit, remain
     }
 }
 
-/// Middleware: authenticate, then throttle.
+/// Refuses a role the permission table does not allow for this route (every role, for a route
+/// the table does not list).
+fn authorize(req: &Request, auth: Auth) -> Result<(), ApiError> {
+    let path = req.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
+    match crate::permissions::required(req.method(), path) {
+        Some(required) if crate::permissions::satisfies(auth.role, required) => Ok(()),
+        Some(required) => Err(ApiError::Forbidden(crate::permissions::role_name(required))),
+        None => {
+            tracing::error!(method = %req.method(), path, "a route missing from the permission table");
+            Err(ApiError::Forbidden("a listed"))
+        }
+    }
+}
+
+/// Middleware: authenticate and authorize, then throttle.
 pub(crate) async fn throttle(State(state): State<AppState>, mut req: Request, next: Next) -> Response<Body> {
-    let auth = match Auth::from_headers(req.headers(), &state.jwt) {
+    let verified = Auth::of_request(req.extensions(), req.headers(), &state.jwt);
+    let auth = match verified.and_then(|auth| authorize(&req, auth).map(|()| auth)) {
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };

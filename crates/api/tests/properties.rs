@@ -194,7 +194,7 @@ proptest! {
     /// Every error, with any message, renders the fixed envelope as valid JSON, with the
     /// status its type names and `Retry-After` exactly when it is retryable.
     #[test]
-    fn every_error_renders_the_fixed_envelope(variant in 0usize..13, msg in any::<String>(), secs in 0u64..100_000) {
+    fn every_error_renders_the_fixed_envelope(variant in 0usize..14, msg in any::<String>(), secs in 0u64..100_000) {
         let err = match variant {
             0 => ApiError::InvalidRequest(msg.clone()),
             1 => ApiError::Unprocessable(msg.clone()),
@@ -208,6 +208,7 @@ proptest! {
             9 => ApiError::DbUnavailable,
             10 => ApiError::Timeout,
             11 => ApiError::BodyTimeout { timeout: std::time::Duration::from_millis(secs) },
+            12 => ApiError::Forbidden("admin"),
             _ => ApiError::Internal(anyhow::anyhow!("{msg}")),
         };
         let (status, kind, code) = err.parts();
@@ -222,7 +223,7 @@ proptest! {
         prop_assert_eq!(body["error"]["code"].as_str(), Some(code));
         if carries_message {
             prop_assert_eq!(body["error"]["message"].as_str(), Some(msg.as_str()));
-        } else if variant == 12 {
+        } else if variant == 13 {
             // An internal error's cause is logged, never rendered.
             prop_assert_eq!(body["error"]["message"].as_str(), Some("internal error"));
         }
