@@ -202,6 +202,13 @@ pub struct Config {
     /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
     #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]
     pub listen_backlog: u32,
+    /// The longest a refusal is held, in milliseconds, for a caller that came back on the same
+    /// connection before the previous refusal's `Retry-After`: a caller that ignores it is
+    /// slowed to one refusal per `Retry-After` on a timer instead of spending the CPU on
+    /// refusals. 0: never hold. Off whatever its value behind proxies (`TRUSTED_PROXIES` > 0),
+    /// whose connections carry many clients.
+    #[arg(long, env = "RETRY_HOLD_MAX_MS", default_value_t = 1_000)]
+    pub retry_hold_max_ms: u64,
     /// How long an idle keep-alive connection is kept, in seconds. Must exceed the load
     /// balancer's idle timeout (an ALB's is 60 s): a server that closes first causes resets.
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 75)]
@@ -344,6 +351,12 @@ impl Config {
     #[must_use]
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// The longest hold of a refusal for an early caller; zero behind proxies (see the field).
+    #[must_use]
+    pub fn retry_hold_max(&self) -> Duration {
+        if self.throttle.trusted_proxies > 0 { Duration::ZERO } else { Duration::from_millis(self.retry_hold_max_ms) }
     }
 
     /// Handler timeout.

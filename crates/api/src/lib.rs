@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
+//!   -> a refusal to a caller back before its Retry-After is held till then     retry_hold.rs
 //!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
 //!   -> token verified once (its tenant keys admission; forged: one anonymous key)  auth.rs
 //!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
@@ -30,6 +31,7 @@ pub mod openapi;
 pub mod permissions;
 pub mod queue_stats;
 pub mod redis;
+pub mod retry_hold;
 mod routes;
 pub mod server;
 pub mod state;
@@ -238,6 +240,7 @@ pub async fn start_with_pool(
         keep_alive_timeout: state.config.keep_alive_timeout(),
         header_read_timeout: state.config.header_read_timeout(),
         shutdown_grace: state.config.shutdown_grace(),
+        retry_hold_max: state.config.retry_hold_max(),
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(metrics::sample_runtime(

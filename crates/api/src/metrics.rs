@@ -148,6 +148,8 @@ struct LiveSeries {
     connections_refused: Counter,
     connections_reset: Counter,
     connections_accept_paced: Counter,
+    connections_refusals_held: Counter,
+    body_timed_out: Counter,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
     bulkhead_waiting: Gauge,
@@ -232,6 +234,16 @@ impl Metrics {
             "connections_accept_paced",
             "Times the accept loop paused for MAX_ACCEPT_RATE",
             g.connections_accept_paced.clone(),
+        );
+        registry.register(
+            "connections_refusals_held",
+            "Refusals held until the previous refusal's Retry-After, for callers that came back early",
+            g.connections_refusals_held.clone(),
+        );
+        registry.register(
+            "body_timed_out",
+            "Request bodies not sent within BODY_READ_TIMEOUT_MS (408 body_timeout)",
+            g.body_timed_out.clone(),
         );
         registry.register("bulkhead_slots", "Database bulkhead slots", g.bulkhead_size.clone());
         registry.register("bulkhead_in_use", "Database bulkhead slots held", g.bulkhead_in_use.clone());
@@ -353,6 +365,8 @@ impl Metrics {
         advance(&g.connections_refused, state.connections.refused());
         advance(&g.connections_reset, state.connections.reset());
         advance(&g.connections_accept_paced, state.connections.paced());
+        advance(&g.connections_refusals_held, state.connections.refusals_held());
+        advance(&g.body_timed_out, state.body.status().timed_out);
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
         g.bulkhead_in_use.set(usize_i64(b.in_use));

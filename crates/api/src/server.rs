@@ -45,6 +45,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::admission::BYPASS;
+use crate::retry_hold::RetryHold;
 use crate::throttle::gcra::{self, Limit};
 
 /// What happens to a connection that arrives while `MAX_CONNECTIONS` are open.
@@ -72,6 +73,7 @@ pub struct Connections {
     served_over_cap: AtomicU64,
     accept_rate: Option<Limit>,
     paced: AtomicU64,
+    refusals_held: Arc<AtomicU64>,
 }
 
 impl Connections {
@@ -90,6 +92,7 @@ impl Connections {
             served_over_cap: AtomicU64::new(0),
             accept_rate: None,
             paced: AtomicU64::new(0),
+            refusals_held: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -112,6 +115,13 @@ impl Connections {
     #[must_use]
     pub fn paced(&self) -> u64 {
         self.paced.load(Ordering::Relaxed)
+    }
+
+    /// Refusals held because their caller came back before the previous one's `Retry-After`
+    /// (`retry_hold.rs`), since start.
+    #[must_use]
+    pub fn refusals_held(&self) -> u64 {
+        self.refusals_held.load(Ordering::Relaxed)
     }
 
     /// What happens past the cap.
@@ -185,6 +195,9 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get after shutdown begins.
     pub shutdown_grace: Duration,
+    /// The longest a refusal is held for a caller that came back before its `Retry-After`
+    /// (`retry_hold.rs`); zero: never.
+    pub retry_hold_max: Duration,
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then drains.
@@ -392,19 +405,19 @@ impl<S: HttpService> Edge<S> {
         let track = Arc::new(ConnTrack::new());
         let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
         let on_request = track.clone();
-        let service =
-            TowerToHyperService::new(self.app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
-                // Off under the default filter. The reliability suite turns it on to tell a request
-                // the server read from one it never saw (the keep-alive close race).
-                tracing::debug!(
-                    target: REQUEST_READ,
-                    request_id = req.headers().get(&crate::REQUEST_ID).and_then(|v| v.to_str().ok()),
-                    "request read"
-                );
-                req.extensions_mut().insert(ConnectInfo(peer));
-                req.extensions_mut().insert(InFlight::start(&on_request));
-                req.map(Body::new)
-            }));
+        let app = RetryHold::new(self.app.clone(), self.options.retry_hold_max, self.connections.refusals_held.clone());
+        let service = TowerToHyperService::new(app.map_request(move |mut req: Request<hyper::body::Incoming>| {
+            // Off under the default filter. The reliability suite turns it on to tell a request
+            // the server read from one it never saw (the keep-alive close race).
+            tracing::debug!(
+                target: REQUEST_READ,
+                request_id = req.headers().get(&crate::REQUEST_ID).and_then(|v| v.to_str().ok()),
+                "request read"
+            );
+            req.extensions_mut().insert(ConnectInfo(peer));
+            req.extensions_mut().insert(InFlight::start(&on_request));
+            req.map(Body::new)
+        }));
         let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let mut closing = false;

@@ -102,3 +102,59 @@ async fn a_body_sent_slowly_within_the_timeout_is_served(pool: PgPool) {
     let answer = read_to_close(stream, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(pool: PgPool) {
+    // One request a second per user, in a burst of one: the second request in a second is a 429
+    // with `Retry-After: 1`.
+    let app = common::spawn_with(
+        pool.clone(),
+        &["--throttle-user-rate", "1", "--throttle-user-burst", "1", "--retry-hold-max-ms", "1000"],
+    )
+    .await;
+    let t = common::tenant(&pool, "Acme").await;
+    let url = app.url("/v1/conversations?status=open");
+    // Each client keeps one kept-alive connection: the caller the hold remembers.
+    let client = || reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+    let (spinner, other) = (client(), client());
+    let timed = |c: &reqwest::Client| {
+        let req = c.get(&url).bearer_auth(&t.token);
+        async move {
+            let started = Instant::now();
+            let r = req.send().await.expect("sent");
+            (r.status(), r.headers().get("retry-after").cloned(), started.elapsed())
+        }
+    };
+    assert_eq!(timed(&spinner).await.0, StatusCode::OK);
+    let (status, retry_after, took) = timed(&spinner).await;
+    assert_eq!(
+        (status, retry_after.as_ref().map(|v| v.to_str().expect("ascii"))),
+        (StatusCode::TOO_MANY_REQUESTS, Some("1"))
+    );
+    assert!(took < Duration::from_millis(300), "the first refusal is answered at once: {took:?}");
+    let refused_at = Instant::now();
+
+    // Another connection of the same user is not held for the first one's haste.
+    let (status, _, took) = timed(&other).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(took < Duration::from_millis(300), "another caller is refused at once: {took:?}");
+
+    // Straight back, ignoring Retry-After: refused again, but only once the second has passed.
+    let (status, _, took) = timed(&spinner).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(took >= Duration::from_millis(600), "an early caller's refusal is held: {took:?}");
+    assert!(
+        refused_at.elapsed() >= Duration::from_millis(950),
+        "held till the Retry-After: {:?}",
+        refused_at.elapsed()
+    );
+
+    // A caller that waits out its Retry-After is answered at once.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _, took) = timed(&spinner).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(took < Duration::from_millis(300), "a caller that waited is not held: {took:?}");
+
+    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    assert_eq!(status.body["layers"]["connections"]["refusals_held"], 1, "{}", status.text);
+}
