@@ -64,6 +64,7 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     children.0.push(
         Command::new(bin.join("breakwater-api"))
             .arg("serve")
+            .env("APP_ENV", "development")
             .env("DATABASE_URL", &url)
             .env("REDIS_URL", &redis)
             .env("BIND_ADDR", &args.bind)

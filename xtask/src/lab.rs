@@ -564,6 +564,7 @@ impl Ctx {
         };
         let api_log = std::fs::File::create(self.runs.join(format!("{name}.api.log")))?;
         cmd.env("DATABASE_URL", &self.db_url)
+            .env("APP_ENV", "development")
             .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))
             .env("ADMISSION", if cpu_target(variant).is_some() { "adaptive" } else { variant })
             .env("ADMISSION_STATIC_LIMIT", "80")

@@ -204,7 +204,7 @@ mod tests {
         let exp = u64::try_from(chrono::Utc::now().timestamp()).expect("after 1970") + 60;
         let (victim, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
         let token = |keys: &JwtKeys, tenant| {
-            keys.mint(&Claims { tenant_id: tenant, sub: uuid::Uuid::now_v7(), role: Role::Admin, exp }).expect("mint")
+            keys.mint(&Claims::new(tenant, uuid::Uuid::now_v7(), Role::Admin, exp)).expect("mint")
         };
         let key = |auth: Option<String>| {
             let mut req = Request::builder();

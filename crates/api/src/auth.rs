@@ -29,7 +29,38 @@ pub struct Claims {
     pub role: Role,
     /// Expiry, seconds since the Unix epoch.
     pub exp: u64,
+    /// Not valid before, seconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
+    /// The issuer, checked when `JWT_ISSUER` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    /// The audience, checked when `JWT_AUDIENCE` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
 }
+
+impl Claims {
+    /// The claims every token carries; no `nbf`, `iss` or `aud`.
+    #[must_use]
+    pub fn new(tenant_id: Uuid, sub: Uuid, role: Role, exp: u64) -> Self {
+        Self { tenant_id, sub, role, exp, nbf: None, iss: None, aud: None }
+    }
+}
+
+/// What a token must satisfy beyond its signature and expiry.
+#[derive(Debug, Clone, Default)]
+pub struct TokenPolicy {
+    /// The longest a token may still be valid for (`exp` minus now), seconds; `None`: no limit.
+    pub max_ttl_secs: Option<u64>,
+    /// The `iss` every token must carry, when set.
+    pub issuer: Option<String>,
+    /// The `aud` every token must carry, when set.
+    pub audience: Option<String>,
+}
+
+/// Clock skew allowed on `exp` and `nbf`, seconds.
+const LEEWAY_SECS: u64 = 30;
 
 /// Signing and verifying keys, derived once from the secret.
 #[derive(Clone)]
@@ -37,6 +68,7 @@ pub struct JwtKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
+    max_ttl_secs: Option<u64>,
 }
 
 impl std::fmt::Debug for JwtKeys {
@@ -46,14 +78,38 @@ impl std::fmt::Debug for JwtKeys {
 }
 
 impl JwtKeys {
-    /// Keys for an HS256 secret.
+    /// Keys for an HS256 secret, with no policy beyond signature, expiry and `nbf`.
     #[must_use]
     pub fn new(secret: &SecretString) -> Self {
+        Self::with_policy(secret, &TokenPolicy::default())
+    }
+
+    /// Keys for an HS256 secret that also enforce `policy`.
+    #[must_use]
+    pub fn with_policy(secret: &SecretString, policy: &TokenPolicy) -> Self {
         let bytes = secret.expose_secret().as_bytes();
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = 30;
-        validation.set_required_spec_claims(&["exp"]);
-        Self { encoding: EncodingKey::from_secret(bytes), decoding: DecodingKey::from_secret(bytes), validation }
+        validation.leeway = LEEWAY_SECS;
+        validation.validate_nbf = true;
+        let mut required = vec!["exp"];
+        if let Some(issuer) = &policy.issuer {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        match &policy.audience {
+            Some(audience) => {
+                validation.set_audience(&[audience]);
+                required.push("aud");
+            }
+            None => validation.validate_aud = false,
+        }
+        validation.set_required_spec_claims(&required);
+        Self {
+            encoding: EncodingKey::from_secret(bytes),
+            decoding: DecodingKey::from_secret(bytes),
+            validation,
+            max_ttl_secs: policy.max_ttl_secs,
+        }
     }
 
     /// Signs a token.
@@ -64,17 +120,29 @@ impl JwtKeys {
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &self.encoding)
     }
 
-    /// Verifies a token's signature, algorithm and expiry, and returns its claims.
+    /// Verifies a token's signature, algorithm, expiry, `nbf`, lifetime, issuer and audience,
+    /// and returns its claims.
     ///
     /// # Errors
-    /// [`ApiError::Unauthorized`] for anything but a valid, unexpired token of ours.
+    /// [`ApiError::Unauthorized`] for anything but a valid, current token of ours.
     pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
-        jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).map(|data| data.claims).map_err(|err| {
-            match err.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => ApiError::Unauthorized("token expired"),
+        use jsonwebtoken::errors::ErrorKind;
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map(|data| data.claims)
+            .map_err(|err| match err.kind() {
+                ErrorKind::ExpiredSignature => ApiError::Unauthorized("token expired"),
+                ErrorKind::ImmatureSignature => ApiError::Unauthorized("token not valid yet (nbf)"),
+                ErrorKind::InvalidIssuer => ApiError::Unauthorized("token issuer not accepted"),
+                ErrorKind::InvalidAudience => ApiError::Unauthorized("token audience not accepted"),
                 _ => ApiError::Unauthorized("invalid token"),
+            })?;
+        if let Some(max) = self.max_ttl_secs {
+            let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+            if claims.exp > now.saturating_add(max).saturating_add(LEEWAY_SECS) {
+                return Err(ApiError::Unauthorized("token lifetime exceeds the maximum (JWT_MAX_TTL_SECS)"));
             }
-        })
+        }
+        Ok(claims)
     }
 }
 
@@ -165,7 +233,7 @@ mod tests {
     }
 
     fn claims(exp: u64) -> Claims {
-        Claims { tenant_id: Uuid::now_v7(), sub: Uuid::now_v7(), role: Role::Agent, exp }
+        Claims::new(Uuid::now_v7(), Uuid::now_v7(), Role::Agent, exp)
     }
 
     fn now() -> u64 {
@@ -208,6 +276,51 @@ mod tests {
             assert!(matches!(Auth::from_headers(&headers(&value), &keys()), Err(ApiError::Unauthorized(_))), "{value}");
         }
         assert!(Auth::from_headers(&HeaderMap::new(), &keys()).is_err());
+    }
+
+    #[test]
+    fn the_policy_refuses_long_lived_immature_and_foreign_tokens() {
+        let secret = SecretString::from("test-secret-test-secret-test-secret");
+        let policy = TokenPolicy {
+            max_ttl_secs: Some(3600),
+            issuer: Some("https://id.example.com".into()),
+            audience: Some("breakwater".into()),
+        };
+        let strict = JwtKeys::with_policy(&secret, &policy);
+        let good = || Claims {
+            iss: Some("https://id.example.com".into()),
+            aud: Some("breakwater".into()),
+            ..claims(now() + 600)
+        };
+        let verify = |c: &Claims| strict.verify(&strict.mint(c).expect("mint"));
+        assert!(verify(&good()).is_ok());
+        let cases: [(&str, Claims, &str); 6] = [
+            (
+                "year 9999",
+                Claims { exp: 253_402_300_799, ..good() },
+                "token lifetime exceeds the maximum (JWT_MAX_TTL_SECS)",
+            ),
+            ("nbf in an hour", Claims { nbf: Some(now() + 3600), ..good() }, "token not valid yet (nbf)"),
+            (
+                "another issuer",
+                Claims { iss: Some("https://evil.example.com".into()), ..good() },
+                "token issuer not accepted",
+            ),
+            ("no issuer", Claims { iss: None, ..good() }, "invalid token"),
+            ("another audience", Claims { aud: Some("someone-else".into()), ..good() }, "token audience not accepted"),
+            ("no audience", Claims { aud: None, ..good() }, "invalid token"),
+        ];
+        for (name, c, why) in cases {
+            match verify(&c) {
+                Err(ApiError::Unauthorized(got)) => assert_eq!(got, why, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // A past nbf, and a lifetime just inside the maximum, pass.
+        assert!(verify(&Claims { nbf: Some(now() - 60), exp: now() + 3590, ..good() }).is_ok());
+        // Without an issuer or audience configured, tokens carrying either are still accepted.
+        let lax = JwtKeys::new(&secret);
+        assert!(lax.verify(&lax.mint(&good()).expect("mint")).is_ok());
     }
 
     fn base64_url(bytes: &[u8]) -> String {

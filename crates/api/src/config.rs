@@ -153,8 +153,10 @@ impl ThrottleConfig {
 /// Everything `breakwater-api serve` reads.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
-    /// `development` or `production`.
-    #[arg(long, env = "APP_ENV", value_enum, default_value = "development")]
+    /// `development` or `production`; required, so that a deployment that forgets it does not
+    /// silently accept the public development secret (`cargo xtask dev` and the tests set
+    /// `development`).
+    #[arg(long, env = "APP_ENV", value_enum)]
     pub app_env: AppEnv,
     /// Address to listen on.
     #[arg(long, env = "BIND_ADDR", default_value = "0.0.0.0:8080")]
@@ -165,6 +167,16 @@ pub struct Config {
     /// HS256 secret for the agents' JWTs.
     #[arg(long, env = "JWT_SECRET", default_value = DEV_JWT_SECRET, hide_env_values = true, hide_default_value = true)]
     pub jwt_secret: SecretString,
+    /// The longest a token may still be valid for when it is presented (its `exp` minus now),
+    /// in seconds; a token with a later `exp` is refused (401).
+    #[arg(long, env = "JWT_MAX_TTL_SECS", default_value_t = 86_400)]
+    pub jwt_max_ttl_secs: u64,
+    /// The `iss` every token must carry; unset: not checked.
+    #[arg(long, env = "JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// The `aud` every token must carry; unset: not checked.
+    #[arg(long, env = "JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
     /// The database.
     #[command(flatten)]
     pub db: DatabaseConfig,
@@ -347,6 +359,16 @@ impl Config {
         Duration::from_secs(self.header_read_timeout_secs)
     }
 
+    /// What a token must satisfy beyond its signature and expiry.
+    #[must_use]
+    pub fn token_policy(&self) -> crate::auth::TokenPolicy {
+        crate::auth::TokenPolicy {
+            max_ttl_secs: Some(self.jwt_max_ttl_secs),
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+        }
+    }
+
     /// Body read timeout.
     #[must_use]
     pub fn body_read_timeout(&self) -> Duration {
@@ -408,32 +430,46 @@ mod tests {
 
     #[test]
     fn keep_alive_outlives_the_load_balancer_and_handlers() {
-        let cfg = Config::from_args(["--keep-alive-timeout-secs", "75"]).expect("parses");
+        let cfg = Config::from_args(["--app-env", "development", "--keep-alive-timeout-secs", "75"]).expect("parses");
         assert!(cfg.keep_alive_timeout() > Duration::from_secs(60), "an ALB idles out at 60 s");
-        let cfg =
-            Config::from_args(["--keep-alive-timeout-secs", "20", "--request-timeout-secs", "30"]).expect("parses");
+        let cfg = Config::from_args([
+            "--app-env",
+            "development",
+            "--keep-alive-timeout-secs",
+            "20",
+            "--request-timeout-secs",
+            "30",
+        ])
+        .expect("parses");
         assert!(matches!(cfg.validate(), Err(ConfigError::Timeouts(_))));
     }
 
     #[test]
     fn the_cloudwatch_lines_are_off_by_default_and_need_a_namespace_of_our_own() {
-        let cfg = Config::from_args(Vec::<&str>::new()).expect("parses");
+        let cfg = Config::from_args(["--app-env", "development"]).expect("parses");
         assert_eq!((cfg.metrics_emf.interval(), cfg.validate()), (None, Ok(())));
-        let cfg = Config::from_args(["--metrics-emf-interval-secs", "15"]).expect("parses");
+        let cfg = Config::from_args(["--app-env", "development", "--metrics-emf-interval-secs", "15"]).expect("parses");
         assert_eq!(cfg.metrics_emf.interval(), Some(Duration::from_secs(15)));
         for bad in [
             ["--metrics-emf-namespace", "AWS/ECS"],
             ["--metrics-emf-namespace", " "],
             ["--metrics-emf-environment", ""],
         ] {
-            let cfg = Config::from_args(bad).expect("parses");
+            let cfg = Config::from_args(["--app-env", "development"].into_iter().chain(bad)).expect("parses");
             assert_eq!(cfg.validate(), Err(ConfigError::Metrics), "{bad:?}");
         }
     }
 
     #[test]
+    fn app_env_must_be_said() {
+        let err = Config::from_args(Vec::<&str>::new()).expect_err("APP_ENV is required");
+        assert!(err.to_string().contains("--app-env"), "{err}");
+    }
+
+    #[test]
     fn the_secret_never_prints() {
-        let cfg = Config::from_args(["--jwt-secret", "super-secret-value"]).expect("parses");
+        let cfg =
+            Config::from_args(["--app-env", "development", "--jwt-secret", "super-secret-value"]).expect("parses");
         assert!(!format!("{cfg:?}").contains("super-secret-value"));
     }
 }

@@ -23,6 +23,7 @@ pub mod auth;
 pub mod body;
 pub mod bulkhead;
 pub mod config;
+pub mod cursor_seal;
 pub mod emf;
 pub mod error;
 pub mod extract;

@@ -37,6 +37,12 @@ enum Command {
         /// Lifetime in seconds.
         #[arg(long, default_value_t = 86_400)]
         ttl: u64,
+        /// The `iss` claim (the API checks it when it has `JWT_ISSUER`).
+        #[arg(long, env = "JWT_ISSUER")]
+        issuer: Option<String>,
+        /// The `aud` claim (the API checks it when it has `JWT_AUDIENCE`).
+        #[arg(long, env = "JWT_AUDIENCE")]
+        audience: Option<String>,
         /// The HS256 secret (defaults to the development one).
         #[arg(long, env = "JWT_SECRET", default_value = breakwater_api::config::DEV_JWT_SECRET,
               hide_env_values = true, hide_default_value = true)]
@@ -74,13 +80,17 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("migrations applied");
             Ok(())
         }
-        Command::Token { tenant, user, role, ttl, jwt_secret } => {
+        Command::Token { tenant, user, role, ttl, issuer, audience, jwt_secret } => {
             let exp = u64::try_from(chrono::Utc::now().timestamp())? + ttl;
             let role = match role {
                 RoleArg::Agent => Role::Agent,
                 RoleArg::Admin => Role::Admin,
             };
-            let token = JwtKeys::new(&jwt_secret).mint(&Claims { tenant_id: tenant, sub: user, role, exp })?;
+            let token = JwtKeys::new(&jwt_secret).mint(&Claims {
+                iss: issuer,
+                aud: audience,
+                ..Claims::new(tenant, user, role, exp)
+            })?;
             println!("{token}");
             Ok(())
         }

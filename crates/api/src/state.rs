@@ -20,6 +20,8 @@ pub struct AppState {
     pub redis: RedisPool,
     /// JWT keys derived from the secret.
     pub jwt: Arc<JwtKeys>,
+    /// Seals the lists' cursors, under a key derived from the same secret.
+    pub cursors: crate::cursor_seal::CursorSeal,
     /// The configuration the process started with.
     pub config: Arc<Config>,
     /// Set when shutdown begins: readiness turns false so load balancers stop sending.
@@ -69,7 +71,8 @@ impl AppState {
                 config.jobs_stats_timeout(),
             )),
             started_at: Instant::now(),
-            jwt: Arc::new(JwtKeys::new(&config.jwt_secret)),
+            cursors: crate::cursor_seal::CursorSeal::from_secret(&config.jwt_secret),
+            jwt: Arc::new(JwtKeys::with_policy(&config.jwt_secret, &config.token_policy())),
             config: Arc::new(config),
             shutting_down: Arc::new(AtomicBool::new(false)),
         })

@@ -210,6 +210,27 @@ async fn an_idempotency_key_never_writes_twice(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_replay_after_the_contacts_erasure_was_requested_is_a_404(pool: PgPool) {
+    let app = spawn(pool.clone()).await;
+    let t = tenant(&pool, "Acme").await;
+    let ann = t.contact(&app, "Ann", "ann@example.com").await;
+    let c = t.conversation(&app, ann).await;
+    let path = format!("/v1/conversations/{c}/messages");
+    let post = || {
+        app.http.post(app.url(&path)).bearer_auth(&t.token).header("idempotency-key", "k").json(&json!({"body": "hi"}))
+    };
+    assert_eq!(app.send(post()).await.status, StatusCode::CREATED);
+    assert_eq!(app.send(post()).await.headers["idempotent-replayed"], "true");
+    let erased = app.delete(&format!("/v1/contacts/{ann}"), &t.token).await;
+    assert_eq!(erased.status, StatusCode::ACCEPTED, "{}", erased.text);
+    // The erasure is requested, its job not yet run: the message still exists, and the replay
+    // must not return it.
+    let replay = app.send(post()).await;
+    assert_eq!((replay.status, replay.code()), (StatusCode::NOT_FOUND, "not_found"), "{}", replay.text);
+    assert!(!replay.text.contains("hi\""), "{}", replay.text);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn walking_the_inbox_while_messages_arrive_sees_each_conversation_at_most_once(pool: PgPool) {
     let app = spawn(pool.clone()).await;
     let t = tenant(&pool, "Acme").await;

@@ -34,6 +34,8 @@ fn state() -> &'static breakwater_api::AppState {
         // Nothing listens on port 1: a request that got as far as the database would fail
         // loudly (503 db_unavailable), which the properties below would report.
         let config = Config::from_args([
+            "--app-env",
+            "development",
             "--database-url",
             "postgres://nobody@127.0.0.1:1/none",
             "--redis-url",
@@ -278,8 +280,7 @@ proptest! {
 fn a_valid_token_gets_past_auth() {
     let keys = JwtKeys::new(&SecretString::from(DEV_JWT_SECRET));
     let exp = u64::try_from(chrono::Utc::now().timestamp()).expect("after 1970") + 600;
-    let token =
-        keys.mint(&Claims { tenant_id: Uuid::now_v7(), sub: Uuid::now_v7(), role: Role::Agent, exp }).expect("mint");
+    let token = keys.mint(&Claims::new(Uuid::now_v7(), Uuid::now_v7(), Role::Agent, exp)).expect("mint");
     let value = HeaderValue::from_str(&format!("Bearer {token}")).expect("ascii");
     let (status, retry_after, body) = send(with_authorization(0, value));
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");

@@ -115,6 +115,8 @@ const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nhost: test\r\n\r\n";
 async fn past_the_connection_cap_the_edge_answers_503_but_still_serves_health(pool: PgPool) {
     // Bound by the server itself (not the harness), so the backlog flag is exercised too.
     let config = breakwater_api::config::Config::from_args([
+        "--app-env",
+        "development",
         "--bind-addr",
         "127.0.0.1:0",
         "--max-connections",

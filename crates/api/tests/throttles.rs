@@ -13,12 +13,21 @@ use sqlx::PgPool;
 
 /// The Load Lab report's arithmetic: a client with rate r and burst b hammering for t seconds is
 /// admitted exactly b + floor(r * t) times, here across two API processes sharing one Redis.
+/// The app, with the retry hold off: these tests count what the buckets admit to a caller that
+/// spins on its refusals, and the hold (`retry_hold.rs`, tested in `hostile_clients.rs`) would
+/// slow that caller to one refusal per `Retry-After`.
+async fn spawn_unheld(pool: PgPool, extra: &[&str]) -> common::TestApp {
+    let mut args = extra.to_vec();
+    args.extend(["--retry-hold-max-ms", "0"]);
+    spawn_with(pool, &args).await
+}
+
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn two_processes_share_one_bucket_exactly(pool: PgPool) {
     let prefix = format!("test-{}", uuid::Uuid::now_v7());
     let args = ["--throttle-tenant-rate", "5", "--throttle-tenant-burst", "3", "--throttle-key-prefix", &prefix];
-    let a = spawn_with(pool.clone(), &args).await;
-    let b = spawn_with(pool.clone(), &args).await;
+    let a = spawn_unheld(pool.clone(), &args).await;
+    let b = spawn_unheld(pool.clone(), &args).await;
     let t = tenant(&pool, "Hammer").await;
 
     let started = Instant::now();
@@ -60,7 +69,7 @@ async fn two_processes_share_one_bucket_exactly(pool: PgPool) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &[]).await;
+    let app = spawn_unheld(pool.clone(), &[]).await;
     let noisy = tenant(&pool, "Noisy").await;
     let quiet = tenant(&pool, "Quiet").await;
     // The noisy tenant's plan: 1 request per second, 2 at once.
@@ -99,7 +108,7 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn a_forged_forwarded_for_does_not_choose_the_ip_bucket(pool: PgPool) {
     let limits = ["--throttle-ip-rate", "0.5", "--throttle-ip-burst", "2"];
-    let app = spawn_with(pool.clone(), &limits).await;
+    let app = spawn_unheld(pool.clone(), &limits).await;
     let t = tenant(&pool, "Acme").await;
     let mut statuses = Vec::new();
     for i in 0..4 {
@@ -118,7 +127,7 @@ async fn a_forged_forwarded_for_does_not_choose_the_ip_bucket(pool: PgPool) {
     // Behind one trusted proxy, the address it saw is the bucket.
     let mut args = limits.to_vec();
     args.extend(["--trusted-proxies", "1"]);
-    let behind = spawn_with(pool.clone(), &args).await;
+    let behind = spawn_unheld(pool.clone(), &args).await;
     for i in 0..4 {
         let req = behind
             .http
@@ -127,6 +136,31 @@ async fn a_forged_forwarded_for_does_not_choose_the_ip_bucket(pool: PgPool) {
             .header("x-forwarded-for", format!("6.6.6.6, 198.51.100.{}", 10 + i));
         assert_eq!(behind.send(req).await.status, StatusCode::OK);
     }
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn an_ipv6_network_is_one_bucket_however_many_addresses_it_uses(pool: PgPool) {
+    let args = ["--throttle-ip-rate", "0.5", "--throttle-ip-burst", "2", "--trusted-proxies", "1"];
+    let app = spawn_unheld(pool.clone(), &args).await;
+    let t = tenant(&pool, "Acme").await;
+    let from =
+        |client: String| app.http.get(app.url("/v1/contacts")).bearer_auth(&t.token).header("x-forwarded-for", client);
+    // Four addresses of one /64: one bucket of two.
+    let mut statuses = Vec::new();
+    for host in [":1", ":2", "dead:beef:0:1", "ffff:ffff:ffff:ffff"] {
+        statuses.push(app.send(from(format!("2001:db8:1:2:{host}"))).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS],
+        "the addresses of one /64 share a bucket"
+    );
+    // The next /64 is another network.
+    assert_eq!(app.send(from("2001:db8:1:3::1".to_owned())).await.status, StatusCode::OK);
+    // An IPv4-mapped address is its IPv4 address's bucket.
+    assert_eq!(app.send(from("192.0.2.7".to_owned())).await.status, StatusCode::OK);
+    assert_eq!(app.send(from("::ffff:192.0.2.7".to_owned())).await.status, StatusCode::OK);
+    assert_eq!(app.send(from("192.0.2.7".to_owned())).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// A private Redis on its own port, so the test can stop and restart it.
@@ -173,7 +207,7 @@ async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool)
     let mut redis = PrivateRedis::start(free_port());
     let url = format!("redis://127.0.0.1:{}", redis.port);
     let app =
-        spawn_with(pool.clone(), &["--redis-url", &url, "--throttle-tenant-rate", "1000", "--throttle-api-tasks", "2"])
+        spawn_unheld(pool.clone(), &["--redis-url", &url, "--throttle-tenant-rate", "1000", "--throttle-api-tasks", "2"])
             .await;
     let t = tenant(&pool, "Acme").await;
     let status = || async {
@@ -218,7 +252,7 @@ async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool)
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_fallback_divides_the_limit_by_the_task_count(pool: PgPool) {
     // No Redis at all: the in-process bucket holds burst 6 / 3 tasks = 2.
-    let app = spawn_with(
+    let app = spawn_unheld(
         pool.clone(),
         &[
             "--redis-url",
@@ -245,7 +279,7 @@ async fn the_fallback_divides_the_limit_by_the_task_count(pool: PgPool) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
-    let app = spawn_with(pool.clone(), &["--db-pool-size", "2", "--db-acquire-timeout-ms", "100"]).await;
+    let app = spawn_unheld(pool.clone(), &["--db-pool-size", "2", "--db-acquire-timeout-ms", "100"]).await;
     let t = tenant(&pool, "Acme").await;
     let ann = t.contact(&app, "Ann", "ann@example.com").await;
     let bob = t.contact(&app, "Bob", "bob@example.com").await;

@@ -204,8 +204,10 @@ pub async fn post(
                 tx.rollback().await?;
                 return Err(DomainError::Conflict("Idempotency-Key was already used for a different request".into()));
             }
-            // The first request's message, read on this connection (one pool checkout per call).
-            let message = get(&mut *tx, tenant, first.message_id).await?;
+            // The first request's message, read on this connection (one pool checkout per call),
+            // and only while its contact stands: after an erasure was requested, a replay is a
+            // 404 like every other read of that contact's data.
+            let message = get_visible(&mut *tx, tenant, first.message_id).await?;
             tx.rollback().await?;
             return Ok(Posted { message, replayed: true });
         }
@@ -265,17 +267,40 @@ pub async fn post(
     Ok(Posted { message, replayed: false })
 }
 
-async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Message> {
+/// A message whose conversation's contact has not been erased.
+async fn get_visible<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Message> {
     sqlx::query_as!(
         Message,
-        r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
-           FROM messages WHERE tenant_id = $1 AND id = $2"#,
+        r#"SELECT m.id, m.conversation_id, m.sender AS "sender: MessageSender", m.author_id, m.body, m.created_at
+           FROM messages m
+           JOIN conversations c ON c.tenant_id = m.tenant_id AND c.id = m.conversation_id
+           JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
+           WHERE m.tenant_id = $1 AND m.id = $2 AND ct.erased_at IS NULL"#,
         tenant.0,
         id
     )
     .fetch_optional(db)
     .await?
     .ok_or(DomainError::NotFound)
+}
+
+/// Deletes idempotency keys older than `older_than_seconds`, at most `batch` of them; returns
+/// how many. A retry after the retention is a new request.
+///
+/// # Errors
+/// A database error.
+pub async fn prune_idempotency_keys(pool: &Pool, older_than_seconds: f64, batch: i64) -> Result<u64> {
+    Ok(sqlx::query!(
+        "DELETE FROM idempotency_keys WHERE (tenant_id, user_id, key) IN (
+             SELECT tenant_id, user_id, key FROM idempotency_keys
+             WHERE created_at < now() - make_interval(secs => $1)
+             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        older_than_seconds,
+        batch
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 fn request_hash(conversation: Uuid, body: &str) -> [u8; 32] {

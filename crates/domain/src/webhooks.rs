@@ -227,7 +227,9 @@ fn forbidden_v6(ip: Ipv6Addr) -> bool {
         || (seg[0] == 0x2001 && seg[1] == 0x0db8) // documentation
         || (seg[0] == 0x2001 && seg[1] == 0) // Teredo tunnels to anywhere
         || (seg[..6] == [0; 6]) // IPv4-compatible (deprecated) ::a.b.c.d
+        || (seg[..6] == [0, 0, 0, 0, 0xffff, 0]) // IPv4-translated (SIIT), ::ffff:0:a.b.c.d
         || (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && forbidden_v4(embedded_v4(seg[6], seg[7]))) // NAT64
+        || (seg[0] == 0x64 && seg[1] == 0xff9b && seg[2] == 1) // local-use NAT64, 64:ff9b:1::/48
         || (seg[0] == 0x2002 && forbidden_v4(embedded_v4(seg[1], seg[2]))) // 6to4
 }
 
@@ -408,6 +410,10 @@ mod tests {
             "http://[fd00::1]/",
             "http://[fe80::1]/",
             "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[::ffff:0:7f00:1]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
+            "http://[64:ff9b:1::a00:1]/",
+            "http://[64:ff9b:1:ffff::5db8:d822]/",
             "http://[2002:7f00:1::]/",
             "http://localhost:8080/",
             "http://api.localhost/",

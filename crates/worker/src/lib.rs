@@ -54,6 +54,8 @@ pub struct WorkerOptions {
     pub completed_retention: Duration,
     /// How long dead jobs are kept (with their last error) for inspection.
     pub dead_retention: Duration,
+    /// How long a message's `Idempotency-Key` is remembered; a retry after it is a new request.
+    pub idempotency_retention: Duration,
     /// On stop, how long running jobs get to finish before they are interrupted and released.
     /// Keep it below the container's stop timeout.
     pub shutdown_budget: Duration,
@@ -97,6 +99,7 @@ impl Default for WorkerOptions {
             prune_interval: Duration::from_secs(60),
             completed_retention: Duration::from_secs(24 * 3600),
             dead_retention: Duration::from_secs(7 * 24 * 3600),
+            idempotency_retention: Duration::from_secs(24 * 3600),
             shutdown_budget: Duration::from_secs(20),
             job_timeout: Duration::from_secs(300),
             backoff: Backoff::default(),

@@ -91,6 +91,10 @@ struct Config {
     /// How long dead jobs are kept, s.
     #[arg(long, env = "WORKER_DEAD_RETENTION_SECS", default_value_t = 604_800)]
     dead_retention_secs: u64,
+    /// How long a message's Idempotency-Key is remembered, s; older keys are pruned with the
+    /// finished jobs, and a retry after it is a new request.
+    #[arg(long, env = "WORKER_IDEMPOTENCY_RETENTION_SECS", default_value_t = 86_400)]
+    idempotency_retention_secs: u64,
     /// On SIGTERM, how long running jobs get to finish before they are released, s. Keep it
     /// below the container's stop timeout (ECS and Docker default to 30 s).
     #[arg(long, env = "WORKER_SHUTDOWN_BUDGET_SECS", default_value_t = 20)]
@@ -167,6 +171,7 @@ impl Config {
             prune_interval: Duration::from_secs(self.prune_secs.max(1)),
             completed_retention: Duration::from_secs(self.completed_retention_secs),
             dead_retention: Duration::from_secs(self.dead_retention_secs),
+            idempotency_retention: Duration::from_secs(self.idempotency_retention_secs),
             shutdown_budget: Duration::from_secs(self.shutdown_budget_secs),
             job_timeout: Duration::from_secs(self.job_timeout_secs.max(1)),
             backoff: Backoff {

@@ -86,6 +86,7 @@ pub(crate) struct Metrics {
     released: Counter,
     rescued: Counter,
     pruned: Counter,
+    keys_pruned: Counter,
     connections_opened: Counter,
     connections_reused: Counter,
     /// Scrapes advance the totals, then encode: one at a time.
@@ -105,6 +106,7 @@ impl Metrics {
             released: Counter::default(),
             rescued: Counter::default(),
             pruned: Counter::default(),
+            keys_pruned: Counter::default(),
             connections_opened: Counter::default(),
             connections_reused: Counter::default(),
             render_lock: Mutex::new(()),
@@ -141,6 +143,11 @@ impl Metrics {
         );
         r.register("pruned", "Finished jobs this process deleted after their retention", self.pruned.clone());
         r.register(
+            "idempotency_keys_pruned",
+            "Idempotency keys this process deleted after their retention",
+            self.keys_pruned.clone(),
+        );
+        r.register(
             "webhook_connections_opened",
             "Connections the webhook client opened",
             self.connections_opened.clone(),
@@ -176,6 +183,7 @@ impl Metrics {
         advance(&self.released, counts.released);
         advance(&self.rescued, counts.rescued);
         advance(&self.pruned, counts.pruned);
+        advance(&self.keys_pruned, counts.keys_pruned);
         advance(&self.connections_opened, counts.client.connections_opened);
         advance(&self.connections_reused, counts.client.reused);
         encode(&self.registry)

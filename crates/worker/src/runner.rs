@@ -45,6 +45,8 @@ pub struct Counts {
     pub rescued: u64,
     /// Finished jobs pruned by this worker.
     pub pruned: u64,
+    /// Idempotency keys past their retention deleted by this worker.
+    pub keys_pruned: u64,
     /// The webhook client's figures.
     pub client: ClientCounts,
 }
@@ -59,6 +61,7 @@ struct Counters {
     lease_lost: AtomicU64,
     rescued: AtomicU64,
     pruned: AtomicU64,
+    keys_pruned: AtomicU64,
 }
 
 impl Counters {
@@ -77,6 +80,7 @@ impl Counters {
             lease_lost: get(&self.lease_lost),
             rescued: get(&self.rescued),
             pruned: get(&self.pruned),
+            keys_pruned: get(&self.keys_pruned),
             client,
         }
     }
@@ -521,14 +525,36 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Deletes the idempotency keys older than their retention, a batch at a time.
+async fn prune_idempotency_keys(shared: &Shared) {
+    let retention = shared.options.idempotency_retention.as_secs_f64();
+    loop {
+        match breakwater_domain::messages::prune_idempotency_keys(&shared.pool, retention, MAINTENANCE_BATCH).await {
+            Ok(n) => {
+                Counters::add(&shared.counters.keys_pruned, n);
+                #[allow(clippy::cast_sign_loss)] // a positive constant
+                if n < MAINTENANCE_BATCH as u64 {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning idempotency keys failed");
+                return;
+            }
+        }
+    }
+}
+
 /// Rescues expired leases often (a dead worker's jobs wait at most a lease plus this interval)
-/// and prunes finished jobs now and then. Every worker runs it; `SKIP LOCKED` keeps them apart.
+/// and prunes finished jobs and old idempotency keys now and then. Every worker runs it; `SKIP LOCKED` keeps them apart.
 async fn maintenance_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let options = &shared.options;
     let mut rescue = tokio::time::interval(options.rescue_interval);
     let mut prune = tokio::time::interval(options.prune_interval);
+    let mut keys = tokio::time::interval(options.prune_interval);
     rescue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    keys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -563,6 +589,7 @@ async fn maintenance_loop(shared: Arc<Shared>, stop: CancellationToken) {
                     Err(e) => { tracing::warn!(error = %e, "pruning failed"); break; }
                 }
             },
+            _ = keys.tick() => prune_idempotency_keys(&shared).await,
         }
     }
 }

@@ -226,3 +226,36 @@ async fn erasure_deletes_the_contacts_history_and_is_safe_twice(pool: Pool) {
     drain(&pool, opts, Duration::from_secs(10)).await;
     assert_eq!(jobs::get(&pool, again).await.unwrap().unwrap().state, JobState::Completed);
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn idempotency_keys_past_their_retention_are_pruned(pool: Pool) {
+    let (rx, secret) = Receiver::ok(Duration::ZERO).await;
+    let f = fixture(&pool, &rx.url(), 1).await;
+    *secret.lock().unwrap() = f.secret.clone();
+    for key in ["old-1", "old-2", "new"] {
+        messages::post(&pool, f.tenant, f.agent, f.conversations[0], key, Some(key), None).await.unwrap();
+    }
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '25 hours' WHERE key LIKE 'old-%'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut o = options(Duration::from_secs(5));
+    o.prune_interval = Duration::from_millis(100);
+    o.idempotency_retention = Duration::from_secs(24 * 3600);
+    let (stop, run) = start(&Worker::new(pool.clone(), o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let keys: Vec<String> =
+            sqlx::query_scalar("SELECT key FROM idempotency_keys ORDER BY key").fetch_all(&pool).await.unwrap();
+        if keys.len() < 3 || Instant::now() > deadline {
+            break keys;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop.cancel();
+    let counts = run.await.unwrap();
+    assert_eq!(left, ["new"], "only the key inside its retention is kept");
+    assert_eq!(counts.keys_pruned, 2);
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM messages").fetch_one(&pool).await.unwrap();
+    assert_eq!(messages, 3, "pruning a key never deletes its message");
+}

@@ -58,8 +58,9 @@ pub(crate) async fn list(
         return Err(ApiError::InvalidRequest(format!("a search prefix is at most {MAX_PREFIX_CHARS} characters")));
     }
     let limit = super::page_size(params.limit)?;
-    let cursor = super::cursor(params.cursor.as_deref())?;
-    Ok(axum::Json(contacts::list(&state.pool, auth.tenant, &search, cursor.as_ref(), limit).await?))
+    let cursor = super::cursor(&state, params.cursor.as_deref())?;
+    let page = contacts::list(&state.pool, auth.tenant, &search, cursor.as_ref(), limit).await?;
+    Ok(axum::Json(super::sealed(&state, page)))
 }
 
 /// One contact.

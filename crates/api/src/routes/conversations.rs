@@ -61,9 +61,9 @@ pub(crate) async fn list(
     };
     let filter = InboxFilter { status: params.status, inbox_id: params.inbox_id, assignee };
     let limit = super::page_size(params.limit)?;
-    let cursor = super::cursor(params.cursor.as_deref())?;
+    let cursor = super::cursor(&state, params.cursor.as_deref())?;
     let page = conversations::list(&state.pool, auth.tenant, filter, cursor.as_ref(), limit).await?;
-    Ok(axum::Json(page))
+    Ok(axum::Json(super::sealed(&state, page)))
 }
 
 /// One conversation.

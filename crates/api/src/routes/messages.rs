@@ -44,9 +44,10 @@ pub(crate) async fn list(
     Query(params): Query<ListParams>,
 ) -> ApiResult<axum::Json<Page<Message>>> {
     let limit = super::page_size(params.limit)?;
-    let cursor = super::cursor(params.cursor.as_deref())?;
+    let cursor = super::cursor(&state, params.cursor.as_deref())?;
     let order = params.order.unwrap_or_default();
-    Ok(axum::Json(messages::list(&state.pool, auth.tenant, id, order, cursor.as_ref(), limit).await?))
+    let page = messages::list(&state.pool, auth.tenant, id, order, cursor.as_ref(), limit).await?;
+    Ok(axum::Json(super::sealed(&state, page)))
 }
 
 /// Body of a new message.

@@ -28,8 +28,21 @@ pub(crate) fn page_size(limit: Option<u32>) -> crate::error::ApiResult<u32> {
     breakwater_domain::page_size(limit).map_err(|e| crate::error::ApiError::InvalidRequest(e.to_string()))
 }
 
-/// Parses an optional `cursor` query parameter.
-pub(crate) fn cursor(raw: Option<&str>) -> crate::error::ApiResult<Option<breakwater_domain::Cursor>> {
-    raw.map(|c| breakwater_domain::Cursor::decode(c).map_err(|e| crate::error::ApiError::InvalidRequest(e.to_string())))
-        .transpose()
+/// Opens and parses an optional `cursor` query parameter (a sealed cursor, `cursor_seal.rs`).
+pub(crate) fn cursor(
+    state: &AppState,
+    raw: Option<&str>,
+) -> crate::error::ApiResult<Option<breakwater_domain::Cursor>> {
+    let bad = |e: &dyn std::fmt::Display| crate::error::ApiError::InvalidRequest(e.to_string());
+    raw.map(|c| {
+        let plain = state.cursors.open(c).map_err(|e| bad(&e))?;
+        breakwater_domain::Cursor::decode(&plain).map_err(|e| bad(&e))
+    })
+    .transpose()
+}
+
+/// A page with its `next_cursor` sealed.
+pub(crate) fn sealed<T>(state: &AppState, mut page: breakwater_domain::Page<T>) -> breakwater_domain::Page<T> {
+    page.next_cursor = page.next_cursor.map(|c| state.cursors.seal(&c));
+    page
 }

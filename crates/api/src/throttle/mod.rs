@@ -182,6 +182,24 @@ fn now_us() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
 
+/// The address a client's IP bucket is kept for: an IPv4 address as it is, an IPv6 one by its
+/// /64 (what one subscriber or host is routed; a client choosing among the 2^64 addresses of its
+/// network would otherwise get a fresh bucket on every request). An IPv4-mapped IPv6 address is
+/// its IPv4 address.
+#[must_use]
+pub fn ip_bucket(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
 impl Throttles {
     /// Throttles over `redis` with `settings`.
     #[must_use]
@@ -231,7 +249,7 @@ impl Throttles {
         let ip_limit = (KeyKind::Ip, self.settings.limits.ip);
         let p = &self.settings.key_prefix;
         let keys = [format!("{p}:{{t:{tenant}}}:tenant"), format!("{p}:{{t:{tenant}}}:user:{user}")];
-        let ip_key = format!("{p}:{{ip:{ip}}}");
+        let ip_key = format!("{p}:{{ip:{}}}", ip_bucket(ip));
 
         let decision = if self.breaker.allows_call() {
             let call = self.check_redis(&keys, &limits, &ip_key, ip_limit);

@@ -40,6 +40,9 @@ pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> TestApp {
     // Every test process shares 127.0.0.1's IP bucket in the shared Redis: keep it out of the way
     // (the throttle tests set their own limits after these).
     let mut args = vec!["--bind-addr", "127.0.0.1:0", "--log-format", "pretty"];
+    if !extra.contains(&"--app-env") {
+        args.extend(["--app-env", "development"]);
+    }
     // Slow CI machines: a generous Redis budget so the breaker does not open on scheduling noise.
     if !extra.contains(&"--throttle-redis-budget-ms") {
         args.extend(["--throttle-redis-budget-ms", "500"]);
@@ -134,7 +137,7 @@ pub async fn read(res: reqwest::Response) -> Reply {
 pub fn token_for(tenant: TenantId, user: UserId, role: Role) -> String {
     let keys = JwtKeys::new(&SecretString::from(DEV_JWT_SECRET));
     let exp = u64::try_from(chrono::Utc::now().timestamp()).expect("after 1970") + 3600;
-    keys.mint(&Claims { tenant_id: tenant.0, sub: user.0, role, exp }).expect("mint")
+    keys.mint(&Claims::new(tenant.0, user.0, role, exp)).expect("mint")
 }
 
 /// A tenant with an admin, an agent, two inboxes and their tokens.
