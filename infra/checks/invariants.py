@@ -7,7 +7,9 @@
   SHUTDOWN_GRACE_SECS < the stop timeout.
 - The API task is 256 CPU / 512 MiB by default; autoscaling tracks 60% CPU from 2 to 6 tasks,
   scale-out cooldown 60 s, scale-in 120-300 s.
-- The target group checks a route the API serves (`/ready`, read from the API's source).
+- The target group checks a route the API serves (`/ready`, read from the API's source), on the
+  API's ops listener (`OPS_ADDR`), while traffic goes to the public port; nothing opens the ops
+  port to the internet, so `/ready`, `/metrics` and `/v1/ops/status` are not reachable from it.
 - The API and the worker run with APP_ENV=production and JSON logs; the worker's health check
   asks the port it serves `/health` on.
 - Secrets reach containers as secrets, never as plain environment; services run in private
@@ -258,6 +260,39 @@ def run(ts: dict[str, dict], c: Checks) -> None:
     path = tg["HealthCheckPath"]
     routes = re.findall(r'\.route\(\s*"([^"]+)"', HEALTH_ROUTES.read_text())
     c.check(path == "/ready" and path in routes, f"target group checks {path}, served by the API ({routes})")
+
+    # The internal paths (/ready, /metrics, /v1/ops/status) are on the ops listener (OPS_ADDR),
+    # which the target group only health-checks: traffic goes to the public port, which serves
+    # none of them, and no listener or security group opens the ops port to the internet.
+    port_of = lambda addr: float(addr.rsplit(":", 1)[1])  # noqa: E731
+    public_port, ops_port = port_of(api_env["BIND_ADDR"]), port_of(api_env["OPS_ADDR"])
+    mapped = sorted(float(m["ContainerPort"]) for m in api_c["PortMappings"])
+    c.check(public_port != ops_port, f"the API's ops listener ({ops_port:g}) is not its public port ({public_port:g})")
+    c.check(mapped == sorted([public_port, ops_port]), f"the API container maps its public and ops ports ({mapped})")
+    c.check(num(edge, tg["Port"]) == public_port, f"the target group sends traffic to the public port {public_port:g}")
+    c.check(
+        num(edge, tg.get("HealthCheckPort", tg["Port"])) == ops_port,
+        f"the target group health-checks /ready on the ops port {ops_port:g}",
+    )
+    lb_targets = [lb["ContainerPort"] for s_ in of_type(svc, "AWS::ECS::Service").values()
+                  for lb in s_["Properties"].get("LoadBalancers", [])]
+    c.check(
+        all(num(svc, p_) == public_port for p_ in lb_targets) and lb_targets,
+        f"the service registers only the public port with the target group ({lb_targets})",
+    )
+    alb_sg = net["Resources"]["AlbSecurityGroup"]["Properties"]
+    internet = [(r["FromPort"], r["ToPort"]) for r in alb_sg["SecurityGroupIngress"] if r.get("CidrIp") == "0.0.0.0/0"]
+    c.check(sorted(internet) == [(80, 80), (443, 443)], f"the ALB takes only 80 and 443 from the internet ({internet})")
+    api_ingress = [r["Properties"] for r in of_type(net, "AWS::EC2::SecurityGroupIngress").values()
+                   if r["Properties"].get("GroupId") == {"Ref": "ApiSecurityGroup"}]
+    c.check(
+        all(r.get("SourceSecurityGroupId") == {"Ref": "AlbSecurityGroup"} and "CidrIp" not in r for r in api_ingress),
+        "the API tasks take connections from the ALB's security group only",
+    )
+    c.check(
+        num(net, {"Ref": "OpsPort"}) == ops_port and num(edge, {"Ref": "OpsPort"}) == ops_port,
+        "the network and edge stacks' OpsPort is the API's OPS_ADDR port",
+    )
     c.check(tg["TargetType"] == "ip" and num(edge, tg["HealthCheckIntervalSeconds"]) == 10, "ip targets checked every 10 s")
 
     # TLS at the edge.
@@ -457,6 +492,12 @@ def self_test(ts: dict[str, dict]) -> None:
         "bigger task": lambda t: container(t["service"], "api").update(Cpu="512"),
         "health path not served": lambda t: only(t["edge"], "AWS::ElasticLoadBalancingV2::TargetGroup").update(
             HealthCheckPath="/healthz"),
+        "health check on the public port": lambda t: only(t["edge"], "AWS::ElasticLoadBalancingV2::TargetGroup").pop(
+            "HealthCheckPort"),
+        "ops listener on the public port": lambda t: api_env(t, "OPS_ADDR", "0.0.0.0:8080"),
+        "ops port open to the internet": lambda t: t["network"]["Resources"]["AlbSecurityGroup"]["Properties"][
+            "SecurityGroupIngress"].append({"IpProtocol": "tcp", "FromPort": 9090, "ToPort": 9090, "CidrIp": "0.0.0.0/0"}),
+        "service registers the ops port": lambda t: first_service(t)["LoadBalancers"][0].update(ContainerPort=9090),
         "secret in plain env": lambda t: api_c(t)["Environment"].append({"Name": "JWT_SECRET", "Value": "x"}),
         "worker in development": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
             Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]

@@ -100,6 +100,8 @@ struct TenantData {
 struct Api {
     child: Child,
     port: u16,
+    /// The ops listener's port (`/ready`, `/metrics`, `/v1/ops/status`).
+    ops_port: u16,
     log: PathBuf,
     /// The process whose memory is sampled (the API itself, also when it runs under `pinned`).
     pid: u32,
@@ -108,6 +110,10 @@ struct Api {
 impl Api {
     fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn ops_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ops_port)
     }
 }
 
@@ -269,6 +275,7 @@ impl Lab {
     fn spawn_api(&self, port: u16, env: &[(&str, &str)], pinned: bool) -> anyhow::Result<Api> {
         let log = self.dir.join(format!("api-{port}-{}.log", Uuid::now_v7()));
         let api = self.bin.join("breakwater-api");
+        let ops_port = free_port()?;
         let mut cmd = if pinned {
             let mut c = Command::new(std::env::current_exe()?);
             c.arg("pinned").arg("--").arg(&api);
@@ -280,6 +287,7 @@ impl Lab {
             .env("DATABASE_URL", &self.db_url)
             .env("REDIS_URL", format!("redis://127.0.0.1:{}", self.redis_port))
             .env("BIND_ADDR", format!("127.0.0.1:{port}"))
+            .env("OPS_ADDR", format!("127.0.0.1:{ops_port}"))
             .env("APP_ENV", "production")
             .env("JWT_SECRET", SECRET)
             .env("LOG_FORMAT", "json")
@@ -300,7 +308,7 @@ impl Lab {
         }
         let child = cmd.spawn().context("starting breakwater-api")?;
         let pid = child.id();
-        Ok(Api { child, port, log, pid })
+        Ok(Api { child, port, ops_port, log, pid })
     }
 
     /// Closed-loop throughput of the load mix: what "half of capacity" is measured against.
@@ -784,8 +792,8 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
 // ---------------------------------------------------------------------------------------------
 // Redis killed and restarted under load.
 
-async fn throttle_state(client: &reqwest::Client, base: &str) -> Option<String> {
-    let r = client.get(format!("{base}/v1/ops/status")).send().await.ok()?;
+async fn throttle_state(client: &reqwest::Client, ops: &str) -> Option<String> {
+    let r = client.get(format!("{ops}/v1/ops/status")).send().await.ok()?;
     let v: Value = r.json().await.ok()?;
     v["layers"]["throttles"]["state"].as_str().map(str::to_owned)
 }
@@ -796,12 +804,12 @@ async fn redis_kill(lab: &mut Lab, api: &Api, rate: f64, report: &mut Report) ->
     let t0 = Instant::now();
     let load = open_loop("redis", api.base(), lab.tenants.clone(), rate, duration, t0);
     let poller = {
-        let base = api.base();
+        let ops = api.ops_base();
         tokio::spawn(async move {
             let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
             let mut states = Vec::new();
             while t0.elapsed() < duration {
-                states.push((t0.elapsed(), throttle_state(&client, &base).await));
+                states.push((t0.elapsed(), throttle_state(&client, &ops).await));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Some(states)
@@ -813,10 +821,10 @@ async fn redis_kill(lab: &mut Lab, api: &Api, rate: f64, report: &mut Report) ->
     // Wait up to 2 s for the throttles to read `ok`, then kill at once.
     let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
     let ok_by = Instant::now() + Duration::from_secs(2);
-    let mut before_ok = throttle_state(&client, &api.base()).await.as_deref() == Some("ok");
+    let mut before_ok = throttle_state(&client, &api.ops_base()).await.as_deref() == Some("ok");
     while !before_ok && Instant::now() < ok_by {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        before_ok = throttle_state(&client, &api.base()).await.as_deref() == Some("ok");
+        before_ok = throttle_state(&client, &api.ops_base()).await.as_deref() == Some("ok");
     }
     let killed_at = t0.elapsed();
     lab.kill_redis();
@@ -882,14 +890,14 @@ async fn sigterm(lab: &Lab, mut api: Api, rate: f64, report: &mut Report) -> any
     let load = open_loop("sigterm", api.base(), lab.tenants.clone(), rate, duration, t0);
     // Readiness and the listener, probed on a new connection each time (as a load balancer does).
     let prober = {
-        let base = api.base();
+        let ops = api.ops_base();
         tokio::spawn(async move {
             let client =
                 reqwest::Client::builder().timeout(Duration::from_secs(2)).pool_max_idle_per_host(0).build().ok()?;
             let mut seen = Vec::new();
             while t0.elapsed() < duration {
                 let at = t0.elapsed();
-                let got = match client.get(format!("{base}/ready")).send().await {
+                let got = match client.get(format!("{ops}/ready")).send().await {
                     Ok(r) => r.status().as_u16().to_string(),
                     Err(e) if e.is_connect() => "refused".to_owned(),
                     Err(e) => format!("error {e}"),
@@ -1169,6 +1177,7 @@ async fn hostile(lab: &Lab, port: u16, accept_rate: u32, report: &mut Report) ->
     }
     wait_healthy(&api.base(), Duration::from_secs(30)).await?;
     let base = api.base();
+    let ops = api.ops_base();
     // Warm up, then take the baseline memory.
     let warm = open_loop("warm-up", base.clone(), lab.tenants.clone(), 20.0, Duration::from_secs(2), Instant::now());
     warm.await?;
@@ -1184,6 +1193,7 @@ async fn hostile(lab: &Lab, port: u16, accept_rate: u32, report: &mut Report) ->
     // The /health probe, on its own keep-alive connection (as a load balancer's health check).
     let probe = {
         let base = base.clone();
+        let ops = ops.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
@@ -1197,11 +1207,11 @@ async fn hostile(lab: &Lab, port: u16, accept_rate: u32, report: &mut Report) ->
                     Ok(r) if r.status().is_success() => lat.push(started.elapsed()),
                     _ => errors += 1,
                 }
-                // Every tenth probe, the server's own count of open connections (on the same
-                // kept-alive connection, so the count can be read while the server is at its cap).
+                // Every tenth probe, the server's own count of open connections (from the ops
+                // listener, which the public cap does not count).
                 i += 1;
                 if i.is_multiple_of(10)
-                    && let Ok(r) = client.get(format!("{base}/v1/ops/status")).send().await
+                    && let Ok(r) = client.get(format!("{ops}/v1/ops/status")).send().await
                     && let Ok(v) = r.json::<Value>().await
                 {
                     open_max = open_max.max(v["layers"]["connections"]["open"].as_u64().unwrap_or(0));
@@ -1309,13 +1319,13 @@ async fn hostile(lab: &Lab, port: u16, accept_rate: u32, report: &mut Report) ->
     tokio::time::sleep(remaining).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (lat, probe_errors, open_max) = probe.await?.context("probe")?;
-    if let Ok(r) = client()?.get(format!("{base}/v1/ops/status")).send().await
+    if let Ok(r) = client()?.get(format!("{ops}/v1/ops/status")).send().await
         && let Ok(v) = r.json::<Value>().await
     {
         let c = &v["layers"]["connections"];
         report.note(format!(
             "the edge's own counts: MAX_ACCEPT_RATE {accept_rate} ({}), accept loop paused {} times; {} refused \
-             with the canned 503, {} reset, {} probe or ops requests served over the cap",
+             with the canned 503, {} reset, {} health probes served over the cap",
             if c["accept_rate"].is_null() {
                 "no limit".to_owned()
             } else {
@@ -1334,7 +1344,7 @@ async fn hostile(lab: &Lab, port: u16, accept_rate: u32, report: &mut Report) ->
     let mut open_after = None;
     let drain_deadline = Instant::now() + Duration::from_secs(keep_alive + 5);
     while Instant::now() < drain_deadline {
-        if let Ok(r) = client.get(format!("{base}/v1/ops/status")).send().await
+        if let Ok(r) = client.get(format!("{ops}/v1/ops/status")).send().await
             && let Ok(v) = r.json::<Value>().await
         {
             open_after = v["layers"]["connections"]["open"].as_u64();

@@ -81,7 +81,9 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
         "Try:\n\n  curl -s -H \"Authorization: Bearer $TOKEN\" 'http://{}/v1/conversations?status=open&limit=5'\n",
         args.bind
     );
-    println!("OpenAPI: http://{}/openapi.json   limits: http://{}/v1/ops/status\n", args.bind, args.bind);
+    println!("OpenAPI: http://{}/openapi.json", args.bind);
+    let ops = std::env::var("OPS_ADDR").unwrap_or_else(|_| "127.0.0.1:9090".to_owned());
+    println!("Ops listener (OPS_ADDR, never public): http://{ops}/v1/ops/status, /ready, /metrics\n");
 
     tokio::signal::ctrl_c().await?;
     eprintln!("stopping...");

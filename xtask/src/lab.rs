@@ -40,7 +40,7 @@ pub(crate) struct LabArgs {
     /// breakwater_lab, or breakwater_lab_quick with --quick].
     #[arg(long)]
     database: Option<String>,
-    /// Port the API listens on (127.0.0.1).
+    /// Port the API listens on (127.0.0.1); its ops listener takes the next one.
     #[arg(long, default_value_t = 18_080)]
     port: u16,
     /// PostgreSQL's CPU, in cores, for the API's database in the middle of the capacity-change
@@ -539,6 +539,11 @@ impl Ctx {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The API's ops listener, on the port after the public one.
+    fn ops_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port + 1)
+    }
+
     /// Starts the API (pinned when it can be) with `variant`, runs one load against it, stops it.
     async fn phase(
         &self,
@@ -566,6 +571,7 @@ impl Ctx {
         cmd.env("DATABASE_URL", &self.db_url)
             .env("APP_ENV", "development")
             .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))
+            .env("OPS_ADDR", format!("127.0.0.1:{}", self.port + 1))
             .env("ADMISSION", if cpu_target(variant).is_some() { "adaptive" } else { variant })
             .env("ADMISSION_STATIC_LIMIT", "80")
             .env("SHUTDOWN_GRACE_SECS", "2")
@@ -602,6 +608,7 @@ impl Ctx {
         let timeout = format!("{}ms", (p.timeout_s * 1000.0).round());
         let interval = format!("{}ms", p.sample_interval_ms);
         let base = self.base();
+        let ops = self.ops_base();
         match load {
             Load::Sweep => {
                 let callers: Vec<String> = p.sweep_callers.iter().map(ToString::to_string).collect();
@@ -611,12 +618,14 @@ impl Ctx {
                     .args(["--concurrency", &callers.join(",")])
                     .args(["--step", &format!("{}ms", (p.sweep_step_s * 1000.0).round())])
                     .args(["--pause", &format!("{}ms", (p.pause_s * 1000.0).round())])
-                    .args(["--ops-url", &format!("{base}/v1/ops/status")])
+                    .args(["--ops-url", &format!("{ops}/v1/ops/status")])
                     .arg("--tokens")
                     .arg(&self.tokens.path);
             }
             Load::Profile(profile, capacity) => {
-                ll.args(["profile", profile, "--base", &base]).arg("--profiles").arg(self.runs.join("profiles.toml"));
+                ll.args(["profile", profile, "--base", &base, "--ops-base", &ops])
+                    .arg("--profiles")
+                    .arg(self.runs.join("profiles.toml"));
                 if let Some(c) = capacity {
                     ll.args(["--capacity", &format!("{c:.1}")]);
                 }

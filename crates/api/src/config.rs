@@ -161,6 +161,11 @@ pub struct Config {
     /// Address to listen on.
     #[arg(long, env = "BIND_ADDR", default_value = "0.0.0.0:8080")]
     pub bind_addr: SocketAddr,
+    /// Address of the ops listener: `/ready`, `/metrics` and `/v1/ops/status` (and `/health`),
+    /// never the public port. Reachable by the load balancer's health check and the metrics
+    /// scraper only (docs/OPERATIONS.md, "The ops listener"). Port 0 picks a free port.
+    #[arg(long, env = "OPS_ADDR", default_value = "127.0.0.1:9090")]
+    pub ops_addr: SocketAddr,
     /// Redis connection string (throttles; the API serves without it).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
@@ -198,7 +203,7 @@ pub struct Config {
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
     /// Past `MAX_CONNECTIONS`: `refuse` (accept, answer a canned 503 `load_shed` without running
-    /// the app, except health and ops requests, which are served) or `backlog` (stop accepting;
+    /// the app, except a `/health` request, which is served) or `backlog` (stop accepting;
     /// connections wait in the kernel's listen backlog).
     #[arg(long, env = "CONNECTION_OVERFLOW", value_enum, default_value = "refuse")]
     pub connection_overflow: crate::server::ConnectionOverflow,

@@ -66,15 +66,14 @@ pub use state::AppState;
 /// otherwise, and echoed on the response.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Routes polled by machines, traced at debug level only.
-pub(crate) const PROBES: [&str; 3] = ["/health", "/ready", "/metrics"];
+/// Routes polled by machines, traced at debug level only and not counted as requests.
+pub(crate) const PROBES: [&str; 1] = ["/health"];
 
 /// The routes with their inner layers (request id, trace, timeout), state applied.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.body_limit_bytes;
     routes::router(&state)
         .route("/openapi.json", axum::routing::get(openapi_json))
-        .route("/metrics", axum::routing::get(metrics::scrape))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), request_timeout))
@@ -181,10 +180,13 @@ async fn openapi_json() -> impl IntoResponse {
 pub struct Running {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The ops listener's address (`/ready`, `/metrics`, `/v1/ops/status`).
+    pub ops_addr: SocketAddr,
     /// Its state (pools, flags).
     pub state: AppState,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    ops_task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// The CloudWatch lines' writer, when configured.
     emf: Option<breakwater_telemetry::emf::Publishing>,
 }
@@ -200,11 +202,15 @@ impl Running {
         tokio::time::sleep(drain_delay).await;
         self.shutdown.cancel();
         let served = self.task.await;
+        // The ops listener closes with the public one, after the drain delay in which `/ready`
+        // has said 503.
+        let ops = self.ops_task.await;
         // The last lines once the server has drained, so its final requests are counted.
         if let Some(emf) = self.emf {
             emf.finish().await;
         }
         served??;
+        ops??;
         self.state.pool.close().await;
         Ok(())
     }
@@ -234,6 +240,8 @@ pub async fn start_with_pool(
         None => server::bind(config.bind_addr, config.listen_backlog)?,
     };
     let addr = listener.local_addr()?;
+    let ops_listener = TcpListener::bind(config.ops_addr).await?;
+    let ops_addr = ops_listener.local_addr()?;
     let redis = redis::pool(&config.redis_url)?;
     let state = AppState::new(config, pool, redis)?;
     throttle::spawn_override_refresh(state.throttles.clone(), state.pool.clone(), Duration::from_secs(30));
@@ -257,7 +265,12 @@ pub async fn start_with_pool(
         options,
         shutdown.clone(),
     ));
-    Ok(Running { addr, state, shutdown, task, emf })
+    let ops_app = routes::ops_router().with_state(state.clone());
+    let ops_shutdown = shutdown.clone();
+    let ops_task = tokio::spawn(async move {
+        axum::serve(ops_listener, ops_app).with_graceful_shutdown(ops_shutdown.cancelled_owned()).await
+    });
+    Ok(Running { addr, ops_addr, state, shutdown, task, ops_task, emf })
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.
@@ -266,7 +279,7 @@ pub async fn start_with_pool(
 /// As [`start`].
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let running = start(config, None).await?;
-    tracing::info!(addr = %running.addr, "breakwater-api listening");
+    tracing::info!(addr = %running.addr, ops_addr = %running.ops_addr, "breakwater-api listening");
     server::shutdown_signal().await;
     tracing::info!("shutdown signal received: readiness off, draining");
     // Give load balancers a moment to see readiness fail before the listener closes.

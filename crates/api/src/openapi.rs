@@ -5,7 +5,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::ErrorEnvelope;
-use crate::routes::{contacts, conversations, health, messages, ops};
+use crate::routes::{contacts, conversations, health, messages};
 
 /// The API's OpenAPI description.
 #[derive(Debug, OpenApi)]
@@ -16,7 +16,7 @@ use crate::routes::{contacts, conversations, health, messages, ops};
         conversations::list, conversations::show, conversations::create, conversations::update,
         messages::list, messages::create,
         contacts::list, contacts::show, contacts::create, contacts::erase,
-        health::health, health::ready, ops::status,
+        health::health,
     ),
     components(schemas(breakwater_domain::messages::Order)),
     modifiers(&BearerAuth, &Roles, &LayerResponses),

@@ -5,7 +5,7 @@
 //!
 //! - at most `MAX_CONNECTIONS` open connections. Past that the edge sheds: a new connection is
 //!   accepted and answered a canned `503 load_shed` + `Retry-After` without running hyper, the
-//!   router or anything behind them (except a health or ops request, which is still served, so the
+//!   router or anything behind them (except a `/health` request, which is still served, so the
 //!   load balancer never sees a healthy task as dead). At most `MAX_REFUSING_CONNECTIONS` are being
 //!   refused at once; past that a connection is reset at once, the cheapest refusal there is.
 //!   `CONNECTION_OVERFLOW=backlog` restores the classic behaviour (the accept loop stops and new
@@ -52,7 +52,7 @@ use crate::throttle::gcra::{self, Limit};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConnectionOverflow {
-    /// Accept it and answer a canned 503 `load_shed` (health and ops requests are still served);
+    /// Accept it and answer a canned 503 `load_shed` (a `/health` request is still served);
     /// reset it when `MAX_REFUSING_CONNECTIONS` refusals are already under way.
     Refuse,
     /// Stop accepting: it waits in the kernel's listen backlog until a connection closes.
@@ -148,7 +148,7 @@ impl Connections {
         self.reset.load(Ordering::Relaxed)
     }
 
-    /// Health and ops requests served on a connection over the cap, since start.
+    /// `/health` requests served on a connection over the cap, since start.
     #[must_use]
     pub fn served_over_cap(&self) -> u64 {
         self.served_over_cap.load(Ordering::Relaxed)
@@ -217,7 +217,7 @@ where
     let edge = Arc::new(Edge {
         app,
         keep_alive: http_builder(options, true),
-        // A health or ops request over the cap gets one request on its connection: it holds a
+        // A health request over the cap gets one request on its connection: it holds a
         // refusal slot, which must come back quickly.
         single_request: http_builder(options, false),
         connections,
@@ -378,7 +378,7 @@ struct Edge<S> {
 }
 
 impl<S: HttpService> Edge<S> {
-    /// A connection past the cap: served if it asks for a health or ops path, answered the
+    /// A connection past the cap: served if it asks for `/health`, answered the
     /// canned 503 otherwise, reset at once if too many refusals are under way.
     fn shed(edge: &Arc<Self>, stream: TcpStream, peer: SocketAddr) {
         let Ok(slot) = edge.connections.refusing.clone().try_acquire_owned() else {

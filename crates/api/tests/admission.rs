@@ -57,13 +57,13 @@ async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers
 
     // The lists have their own class: the inbox still answers while the default class is full.
     assert_eq!(app.get("/v1/conversations", &t.token).await.status, StatusCode::OK);
-    // Probes bypass admission.
+    // The liveness probe bypasses admission; the ops listener is not behind it at all.
+    assert_eq!(app.call(reqwest::Method::GET, "/health", None, None).await.status, StatusCode::OK);
     for path in ["/health", "/ready", "/metrics", "/v1/ops/status"] {
-        let r = app.call(reqwest::Method::GET, path, None, None).await;
-        assert_eq!(r.status, StatusCode::OK, "{path}");
+        assert_eq!(app.ops(path).await.status, StatusCode::OK, "{path}");
     }
 
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     let capacity = &status.body["layers"]["capacity"];
     assert_eq!(capacity["mode"], "static", "{capacity}");
     let default = capacity["classes"]
@@ -79,7 +79,7 @@ async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers
         2,
         "{default}"
     );
-    let metrics = app.send(app.http.get(app.url("/metrics"))).await.text;
+    let metrics = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
     assert!(metrics.contains(r#"breakwater_admission_in_flight{class="default"} 1"#), "{metrics}");
 
     blocker.rollback().await.expect("release");
@@ -87,7 +87,7 @@ async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers
     // The slot is back once the response is sent.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["capacity"]["in_flight"], 0);
 }
 
@@ -96,6 +96,6 @@ async fn admission_off_lets_everything_through(pool: PgPool) {
     let app = spawn_with(pool.clone(), &["--admission", "off"]).await;
     let t = tenant(&pool, "Acme").await;
     assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["capacity"]["mode"], "off");
 }

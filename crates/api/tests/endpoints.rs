@@ -17,11 +17,11 @@ async fn health_ready_ops_and_openapi_answer(pool: PgPool) {
     assert_eq!((r.status, r.body.clone()), (StatusCode::OK, json!({"status": "ok"})));
     assert!(r.headers.contains_key("x-request-id"));
 
-    let r = app.call(reqwest::Method::GET, "/ready", None, None).await;
+    let r = app.ops("/ready").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["database"], "ok");
 
-    let r = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let r = app.ops("/v1/ops/status").await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body["layers"]["body"]["limit_bytes"], 65536);
     assert_eq!(r.body["layers"]["pool"]["max"], 10);
@@ -395,4 +395,25 @@ async fn erasure_hides_at_once_and_the_worker_deletes_everything(pool: PgPool) {
     .await
     .expect("counts");
     assert_eq!(counts, (1, 1, 1));
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn the_public_listener_serves_no_internal_path_and_the_ops_listener_serves_them(pool: PgPool) {
+    let app = spawn(pool.clone()).await;
+    assert_ne!(app.running.addr.port(), app.running.ops_addr.port());
+    for path in ["/ready", "/metrics", "/v1/ops/status"] {
+        let public = app.call(reqwest::Method::GET, path, None, None).await;
+        assert_eq!(
+            (public.status, public.code()),
+            (StatusCode::NOT_FOUND, "not_found"),
+            "{path} is public: {}",
+            public.text
+        );
+        assert_eq!(app.ops(path).await.status, StatusCode::OK, "{path} on the ops listener");
+    }
+    // Liveness is on both; the API's description is public only.
+    assert_eq!(app.call(reqwest::Method::GET, "/health", None, None).await.status, StatusCode::OK);
+    assert_eq!(app.ops("/health").await.status, StatusCode::OK);
+    assert_eq!(app.call(reqwest::Method::GET, "/openapi.json", None, None).await.status, StatusCode::OK);
+    assert_eq!(app.ops("/openapi.json").await.status, StatusCode::NOT_FOUND);
 }

@@ -52,7 +52,7 @@ async fn stalled_bodies_hold_no_slot_and_every_other_tenant_is_served(pool: PgPo
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     let layers = &status.body["layers"];
     assert_eq!(layers["bulkhead"]["in_use"], 0, "a stalled body holds a database slot: {layers}");
     assert_eq!(layers["capacity"]["in_flight"], 0, "a stalled body holds an admission slot: {layers}");
@@ -74,7 +74,7 @@ async fn stalled_bodies_hold_no_slot_and_every_other_tenant_is_served(pool: PgPo
         assert!(answer.to_lowercase().contains("connection: close"), "{answer}");
     }
     assert!(started.elapsed() >= Duration::from_millis(1500), "answered before the timeout: {:?}", started.elapsed());
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["body"]["timed_out"], 20, "{}", status.text);
     assert_eq!(status.body["layers"]["body"]["read_timeout_ms"], 1500);
     // Nothing the stalled requests carried was written.
@@ -155,6 +155,6 @@ async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(
     assert_eq!(status, StatusCode::OK);
     assert!(took < Duration::from_millis(300), "a caller that waited is not held: {took:?}");
 
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["connections"]["refusals_held"], 1, "{}", status.text);
 }

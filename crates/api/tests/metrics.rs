@@ -60,7 +60,7 @@ fn value(all: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 }
 
 async fn scrape(app: &TestApp) -> Vec<Sample> {
-    let r = app.send(app.http.get(app.url("/metrics"))).await;
+    let r = app.send(app.http.get(app.ops_url("/metrics"))).await;
     assert_eq!(r.status, StatusCode::OK);
     samples(&r.text)
 }
@@ -191,7 +191,7 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     assert!(value(&m, "breakwater_tokio_alive_tasks", &[]).expect("tasks") >= 1.0);
 
     // The same queue figures on /v1/ops/status.
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     let jobs = &status.body["layers"]["jobs"];
     assert_eq!(jobs["ready"], 3, "{jobs}");
     assert!(jobs["oldest_ready_age_seconds"].as_f64().expect("age") >= 30.0, "{jobs}");
@@ -303,7 +303,7 @@ async fn the_dashboard_and_the_alerts_query_only_metrics_the_app_exports(pool: P
     let mut tx = pool.begin().await.expect("tx");
     jobs::enqueue(&mut tx, NewJob::new(jobs::kind::NOOP, json!({}))).await.expect("enqueue");
     tx.commit().await.expect("commit");
-    let text = app.send(app.http.get(app.url("/metrics"))).await.text;
+    let text = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
     let exported = exported_names(&text);
     assert!(exported.contains("breakwater_http_requests_total"), "{exported:?}");
 

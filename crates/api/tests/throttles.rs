@@ -87,12 +87,12 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
     for _ in 0..5 {
         assert_eq!(app.get("/v1/contacts", &quiet.token).await.status, StatusCode::OK);
     }
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["throttles"]["refused"]["tenant"], 3);
     assert_eq!(status.body["layers"]["throttles"]["tenant_overrides"], 1);
 
     // The same figures on /metrics; a deliberate 429 counts as refused, not as an error.
-    let metrics = app.send(app.http.get(app.url("/metrics"))).await.text;
+    let metrics = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
     for line in [
         r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="refused"} 3"#,
         r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="ok"} 7"#,
@@ -206,13 +206,13 @@ fn free_port() -> u16 {
 async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool) {
     let mut redis = PrivateRedis::start(free_port());
     let url = format!("redis://127.0.0.1:{}", redis.port);
-    let app =
-        spawn_unheld(pool.clone(), &["--redis-url", &url, "--throttle-tenant-rate", "1000", "--throttle-api-tasks", "2"])
-            .await;
+    let app = spawn_unheld(
+        pool.clone(),
+        &["--redis-url", &url, "--throttle-tenant-rate", "1000", "--throttle-api-tasks", "2"],
+    )
+    .await;
     let t = tenant(&pool, "Acme").await;
-    let status = || async {
-        app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await.body["layers"]["throttles"].clone()
-    };
+    let status = || async { app.ops("/v1/ops/status").await.body["layers"]["throttles"].clone() };
 
     for _ in 0..5 {
         assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
@@ -230,7 +230,7 @@ async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool)
     assert_eq!(s["state"], "degraded");
     assert!(s["fallback_checks"].as_u64().expect("count") > 0);
     assert_eq!(s["breaker_opens"], 1);
-    let r = app.call(reqwest::Method::GET, "/ready", None, None).await;
+    let r = app.ops("/ready").await;
     assert_eq!(
         (r.status, r.body["redis"].as_str()),
         (StatusCode::OK, Some("unreachable")),
@@ -301,7 +301,7 @@ async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
     assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "db_saturated"), "{}", r.text);
     assert!(r.headers.contains_key("retry-after"));
     assert!(took < Duration::from_millis(1000), "refusal took {took:?}");
-    let status = app.call(reqwest::Method::GET, "/v1/ops/status", None, None).await;
+    let status = app.ops("/v1/ops/status").await;
     let bulkhead = &status.body["layers"]["bulkhead"];
     assert_eq!((bulkhead["size"].as_u64(), bulkhead["in_use"].as_u64()), (Some(2), Some(2)), "{bulkhead}");
     assert!(bulkhead["acquire_timeouts"].as_u64().expect("count") >= 1);

@@ -236,6 +236,10 @@ struct ProfileArgs {
     /// The API's base URL.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     base: String,
+    /// The API's ops listener (`OPS_ADDR`): the smoke stage probes its `/ready` and
+    /// `/v1/ops/status`, and the run samples the latter unless --ops-url says otherwise.
+    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    ops_base: String,
     /// Profiles file (defaults to the one built in: crates/loadlab/profiles.toml).
     #[arg(long)]
     profiles: Option<PathBuf>,
@@ -264,6 +268,9 @@ struct ProfileArgs {
 struct SmokeArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     base: String,
+    /// The API's ops listener (`OPS_ADDR`), for the `/ready` and `/v1/ops/status` probes.
+    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    ops_base: String,
     #[arg(long, value_parser = duration, default_value = "10s")]
     timeout: Duration,
     #[command(flatten)]
@@ -388,6 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let cfg = ProfileConfig {
                 base: a.base.trim_end_matches('/').to_owned(),
+                ops_base: Some(a.ops_base.trim_end_matches('/').to_owned()),
                 profile: a.name.clone(),
                 profiles: ProfilesFile::load(a.profiles.as_deref()).map_err(anyhow::Error::msg)?,
                 capacity_rps,
@@ -399,7 +407,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .sampling
                         .ops_url
                         .clone()
-                        .or_else(|| Some(format!("{}/v1/ops/status", a.base.trim_end_matches('/')))),
+                        .or_else(|| Some(format!("{}/v1/ops/status", a.ops_base.trim_end_matches('/')))),
                     ..a.sampling.config()
                 },
             };
@@ -417,7 +425,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Smoke(a) => {
             let tokens = a.tokens.load(1)?;
-            match runs::smoke_only(a.base.trim_end_matches('/'), &tokens, a.timeout).await {
+            match runs::smoke_only(
+                a.base.trim_end_matches('/'),
+                Some(a.ops_base.trim_end_matches('/')),
+                &tokens,
+                a.timeout,
+            )
+            .await
+            {
                 Ok(r) => {
                     for s in &r.steps {
                         println!(

@@ -67,6 +67,8 @@ pub struct SweepConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct ProfileConfig {
     pub base: String,
+    /// The API's ops listener (`OPS_ADDR`): readiness and ops status, probed by the smoke stage.
+    pub ops_base: Option<String>,
     pub profile: String,
     #[serde(skip)]
     pub profiles: ProfilesFile,
@@ -190,10 +192,11 @@ pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Option<&(dyn Fn(
 /// Only the smoke stage.
 pub async fn smoke_only(
     base: &str,
+    ops: Option<&str>,
     tokens: &Tokens,
     timeout: Duration,
 ) -> Result<crate::report::SmokeReport, Box<SmokeFailure>> {
-    smoke(&Http::new(timeout), base, tokens).await.map_err(Box::new)
+    smoke(&Http::new(timeout), base, ops, tokens).await.map_err(Box::new)
 }
 
 /// Runs a profile: the smoke stage, then each stage of agent journeys and readers, open loop.
@@ -204,7 +207,8 @@ pub async fn profile(
 ) -> Result<Report, RunError> {
     let resolved: ResolvedProfile =
         cfg.profiles.resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale).map_err(RunError::Config)?;
-    let smoke_report = smoke(&Http::new(cfg.engine.timeout), &cfg.base, &tokens).await.map_err(Box::new)?;
+    let smoke_report =
+        smoke(&Http::new(cfg.engine.timeout), &cfg.base, cfg.ops_base.as_deref(), &tokens).await.map_err(Box::new)?;
 
     let start = Instant::now();
     let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);

@@ -160,6 +160,7 @@ async fn the_closed_loop_sweep_shows_queueing_behind_a_single_worker() {
 
 fn profile_cfg(base: &str, profiles: &str) -> ProfileConfig {
     ProfileConfig {
+        ops_base: Some(base.to_owned()),
         base: base.to_owned(),
         profile: "quick".into(),
         profiles: ProfilesFile::parse(profiles).expect("profiles"),
@@ -226,7 +227,9 @@ async fn a_smoke_failure_stops_the_run_with_the_failing_step_named() {
 
     // Without tokens the API answers 401, and the smoke stage says where.
     srv.state.break_messages.store(false, std::sync::atomic::Ordering::Relaxed);
-    let err = runs::smoke_only(&srv.base(), &Tokens::none(), Duration::from_secs(2)).await.expect_err("401");
+    let err = runs::smoke_only(&srv.base(), Some(&srv.base()), &Tokens::none(), Duration::from_secs(2))
+        .await
+        .expect_err("401");
     assert_eq!(err.step, "list inbox");
     assert!(err.reason.contains("status 401"));
 }

@@ -1,5 +1,6 @@
-//! Liveness and readiness. Both bypass admission control and throttles: a probe must report
-//! the truth however loaded the process is.
+//! Liveness (public, on both listeners) and readiness (the ops listener only). Neither passes
+//! admission control or the throttles: a probe must report the truth however loaded the process
+//! is.
 
 use std::time::Duration;
 
@@ -11,8 +12,14 @@ use serde::Serialize;
 
 use crate::state::AppState;
 
+/// `/health`: on the public listener and the ops listener.
 pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/health", get(health)).route("/ready", get(ready))
+    Router::new().route("/health", get(health))
+}
+
+/// `/ready`: on the ops listener only (it asks PostgreSQL and Redis).
+pub(crate) fn ready_router() -> Router<AppState> {
+    Router::new().route("/ready", get(ready))
 }
 
 /// Liveness answer.
@@ -44,8 +51,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Readiness: PostgreSQL answers and the process is not shutting down. Redis is reported but
 /// not required: without it the throttles run in-process and the API still serves safely.
-#[utoipa::path(get, path = "/ready", tag = "ops",
-    responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
 pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let redis = if crate::redis::ping(&state.redis, PROBE_TIMEOUT).await { "ok" } else { "unreachable" };
     let database = if state.is_shutting_down() {

@@ -10,8 +10,8 @@ pub(crate) mod health;
 pub(crate) mod messages;
 pub(crate) mod ops;
 
-/// Every route of the API. The tenant routes run behind the throttles and the database
-/// bulkhead; health, readiness and ops never do.
+/// The public routes: the tenant routes, behind the throttles and the database bulkhead, and
+/// `/health`. Readiness, metrics and ops status are on the ops listener ([`ops_router`]).
 pub(crate) fn router(state: &AppState) -> Router<AppState> {
     let tenant_routes = Router::new()
         .merge(conversations::router())
@@ -20,7 +20,17 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
         // The last layer added runs first: throttles, then the bulkhead.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::bulkhead::hold_slot))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::throttle_layer::throttle));
-    Router::new().merge(health::router()).merge(ops::router()).merge(tenant_routes)
+    Router::new().merge(health::router()).merge(tenant_routes)
+}
+
+/// The ops listener's routes (`OPS_ADDR`): liveness, readiness, every limit live, and the
+/// Prometheus metrics. Never routed from the internet (docs/OPERATIONS.md).
+pub(crate) fn ops_router() -> Router<AppState> {
+    Router::new()
+        .merge(health::router())
+        .merge(health::ready_router())
+        .merge(ops::router())
+        .route("/metrics", axum::routing::get(crate::metrics::scrape))
 }
 
 /// Parses the `limit` query parameter into a page size.

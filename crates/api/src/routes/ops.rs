@@ -124,7 +124,6 @@ pub(crate) struct Pool {
 }
 
 /// Every limit of every layer, with live values.
-#[utoipa::path(get, path = "/v1/ops/status", tag = "ops", responses((status = 200, body = OpsStatus)))]
 pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     let cfg = &state.config;
     let max_connections = tokio::time::timeout(

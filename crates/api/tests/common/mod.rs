@@ -30,6 +30,8 @@ pub async fn lock_contacts(pool: &PgPool, ids: &[Uuid]) -> sqlx::Transaction<'st
 /// A served app.
 pub struct TestApp {
     pub base: String,
+    /// The ops listener's base URL (`/ready`, `/metrics`, `/v1/ops/status`).
+    pub ops_base: String,
     pub http: reqwest::Client,
     pub pool: PgPool,
     pub running: Running,
@@ -39,7 +41,7 @@ pub struct TestApp {
 pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> TestApp {
     // Every test process shares 127.0.0.1's IP bucket in the shared Redis: keep it out of the way
     // (the throttle tests set their own limits after these).
-    let mut args = vec!["--bind-addr", "127.0.0.1:0", "--log-format", "pretty"];
+    let mut args = vec!["--bind-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0", "--log-format", "pretty"];
     if !extra.contains(&"--app-env") {
         args.extend(["--app-env", "development"]);
     }
@@ -60,8 +62,9 @@ pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let running = breakwater_api::start_with_pool(config, pool.clone(), Some(listener)).await.expect("starts");
     let base = format!("http://{}", running.addr);
+    let ops_base = format!("http://{}", running.ops_addr);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-    TestApp { base, http, pool, running }
+    TestApp { base, ops_base, http, pool, running }
 }
 
 pub async fn spawn(pool: PgPool) -> TestApp {
@@ -123,6 +126,16 @@ impl TestApp {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// A URL on the ops listener.
+    pub fn ops_url(&self, path: &str) -> String {
+        format!("{}{path}", self.ops_base)
+    }
+
+    /// GETs a path of the ops listener.
+    pub async fn ops(&self, path: &str) -> Reply {
+        read(self.http.get(self.ops_url(path)).send().await.expect("request sent")).await
     }
 }
 
