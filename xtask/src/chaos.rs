@@ -7,6 +7,9 @@
 //! - `postgres`: the cluster stopped and started under load at half of measured capacity;
 //! - `redis`: Redis killed and restarted under load;
 //! - `sigterm`: the API terminated under load, and a new process started on the same port;
+//! - `hostile-tenant`: one agent stalls bodies on every write route at 10x the pool, reads large
+//!   lists slowly and forges tokens claiming another tenant, while ops paths are probed on the
+//!   public port; the other tenants' load must not notice (`chaos/hostile_tenant.rs`);
 //! - `hostile`: slowloris, idle keep-alives, oversized headers and bodies, a connection flood;
 //! - `fuzz`: schemathesis against `/openapi.json` with two tenants' tokens.
 //!
@@ -25,6 +28,8 @@ use tokio::net::TcpStream;
 use uuid::Uuid;
 
 use crate::services::{self, Cluster};
+
+mod hostile_tenant;
 
 /// Options of `cargo xtask chaos`.
 #[derive(Debug, clap::Args)]
@@ -86,12 +91,16 @@ struct Lab {
     db_url: String,
     prefix: String,
     tenants: Vec<TenantData>,
+    /// A tenant apart, whose agent attacks in the `hostile-tenant` scenario.
+    attacker: TenantData,
     quick: bool,
 }
 
 /// A tenant's token and the conversations the load writes to.
 #[derive(Debug, Clone)]
 struct TenantData {
+    tenant: Uuid,
+    user: Uuid,
     token: String,
     conversations: Vec<Uuid>,
 }
@@ -133,7 +142,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<()> {
-    let all = ["postgres", "redis", "sigterm", "hostile", "fuzz"];
+    let all = ["postgres", "redis", "sigterm", "hostile-tenant", "hostile", "fuzz"];
     for s in &args.only {
         anyhow::ensure!(all.contains(&s.as_str()), "unknown scenario {s:?}; known: {all:?}");
     }
@@ -179,6 +188,10 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if wanted("sigterm") {
         println!("\n== sigterm: drain under load, a new process on the same port");
         api = sigterm(&lab, api, rate, &mut report).await?;
+    }
+    if wanted("hostile-tenant") {
+        println!("\n== hostile-tenant: one agent stalls bodies, reads slowly, forges tokens; ops paths probed");
+        hostile_tenant::run(&lab, args.release, &mut report).await?;
     }
     if wanted("hostile") {
         println!("\n== hostile: slowloris, idle keep-alives, oversized input, a connection flood");
@@ -234,6 +247,12 @@ impl Lab {
             db_url,
             prefix: format!("chaos-{}", Uuid::now_v7()),
             tenants: Vec::new(),
+            attacker: TenantData {
+                tenant: Uuid::nil(),
+                user: Uuid::nil(),
+                token: String::new(),
+                conversations: Vec::new(),
+            },
             quick,
         };
         lab.start_redis()?;
@@ -241,8 +260,9 @@ impl Lab {
         let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&lab.db_url).await?;
         breakwater_domain::migrate(&pool).await.context("migrating")?;
         for name in ["Chaos A", "Chaos B"] {
-            lab.tenants.push(make_tenant(&pool, &lab.bin, name).await?);
+            lab.tenants.push(make_tenant(&pool, &lab.bin, name, "admin").await?);
         }
+        lab.attacker = make_tenant(&pool, &lab.bin, "Chaos Attacker", "agent").await?;
         pool.close().await;
         Ok(lab)
     }
@@ -340,7 +360,8 @@ impl Lab {
     }
 }
 
-async fn make_tenant(pool: &sqlx::PgPool, bin: &Path, name: &str) -> anyhow::Result<TenantData> {
+/// A tenant with eight open conversations, and a token of its user with `role`.
+async fn make_tenant(pool: &sqlx::PgPool, bin: &Path, name: &str, role: &str) -> anyhow::Result<TenantData> {
     use breakwater_domain::contacts::{self, NewContact};
     use breakwater_domain::conversations::{self, ConversationStatus, NewConversation};
     use breakwater_domain::tenants::{self, Role};
@@ -369,11 +390,16 @@ async fn make_tenant(pool: &sqlx::PgPool, bin: &Path, name: &str) -> anyhow::Res
         conversations.push(conv.id);
     }
     let out = Command::new(bin.join("breakwater-api"))
-        .args(["token", "--tenant", &tenant.to_string(), "--user", &user.to_string(), "--role", "admin"])
+        .args(["token", "--tenant", &tenant.to_string(), "--user", &user.to_string(), "--role", role])
         .env("JWT_SECRET", SECRET)
         .output()?;
     anyhow::ensure!(out.status.success(), "minting a token failed");
-    Ok(TenantData { token: String::from_utf8(out.stdout)?.trim().to_owned(), conversations })
+    Ok(TenantData {
+        tenant: tenant.0,
+        user: user.0,
+        token: String::from_utf8(out.stdout)?.trim().to_owned(),
+        conversations,
+    })
 }
 
 fn client() -> anyhow::Result<reqwest::Client> {

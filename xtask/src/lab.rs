@@ -634,7 +634,7 @@ impl Ctx {
                     .arg(&self.tokens.path);
             }
             Load::Noisy => {
-                ll.args(["profile", "lab-noisy", "--base", &base])
+                ll.args(["profile", "lab-noisy", "--base", &base, "--ops-base", &ops])
                     .arg("--profiles")
                     .arg(self.runs.join("profiles.toml"))
                     .args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()])

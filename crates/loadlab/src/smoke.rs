@@ -2,7 +2,7 @@
 //! walking pace, checking each step's status and body shape. A broken path stops the run with
 //! the failing step named, before any load hides the cause behind an error rate.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
@@ -58,6 +58,36 @@ struct Check<'a> {
     shape: Option<Shape>,
 }
 
+/// How long the smoke stage waits for a just-started API to say it is ready (its pool connects
+/// lazily, and a quarter core connects slowly) before the readiness check counts.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Refusals of one step honoured before the step counts as failed.
+const MAX_REFUSALS: u32 = 3;
+
+/// The wait a refusal asks for: a 429 or 503 with `Retry-After` of at most 5 s.
+fn retry_after(reply: &crate::client::Reply) -> Option<Duration> {
+    if reply.status != 429 && reply.status != 503 {
+        return None;
+    }
+    let secs: u64 = reply.headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    (secs <= 5).then(|| Duration::from_secs(secs))
+}
+
+/// Polls `/ready` until it answers 200 or `within` passes; the readiness check that follows says
+/// which.
+async fn wait_ready(http: &Http, ops: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(r) = http.send(Method::GET, &format!("{ops}/ready"), &[], None).await
+            && r.status == 200
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Runs the smoke journey as the heaviest tenant (then the second, if any: two users). `ops` is
 /// the API's ops listener (readiness and ops status are not on the public port); `None` skips
 /// those two probes.
@@ -95,6 +125,7 @@ pub async fn smoke(http: &Http, base: &str, ops: Option<&str>, tokens: &Tokens) 
         },
     ];
     if let Some(ops) = ops {
+        wait_ready(http, ops, READY_WITHIN).await;
         for c in ops_probes {
             run_check(http, ops, None, &c, &mut report).await?;
         }
@@ -213,16 +244,28 @@ async fn run_check(
     {
         headers.push((HeaderName::from_static("idempotency-key"), key));
     }
-    let t0 = Instant::now();
-    let r = http
-        .send(
-            c.method.clone(),
-            &format!("{base}{}", c.path),
-            &headers,
-            c.body.map(|b: &'static str| Bytes::from_static(b.as_bytes())),
-        )
-        .await;
-    let latency_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    // A refusal (429 or 503 with `Retry-After`) is honoured like any well-behaved client would:
+    // the step is tried again after the time it names, a few times, before it counts as failed.
+    let mut refusals = 0;
+    let (r, latency_ms) = loop {
+        let t0 = Instant::now();
+        let r = http
+            .send(
+                c.method.clone(),
+                &format!("{base}{}", c.path),
+                &headers,
+                c.body.map(|b: &'static str| Bytes::from_static(b.as_bytes())),
+            )
+            .await;
+        let latency_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        match r.as_ref().ok().and_then(retry_after) {
+            Some(wait) if refusals < MAX_REFUSALS && !c.expect.contains(&r.as_ref().map_or(0, |r| r.status)) => {
+                refusals += 1;
+                tokio::time::sleep(wait).await;
+            }
+            _ => break (r, latency_ms),
+        }
+    };
     let verdict = match &r {
         Err(kind) => Err(format!("request failed: {kind}")),
         Ok(reply) if !c.expect.contains(&reply.status) => {

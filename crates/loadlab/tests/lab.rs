@@ -212,6 +212,24 @@ async fn a_profile_runs_journeys_and_readers_for_many_tenants_after_a_smoke_stag
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_smoke_stage_honours_a_refusals_retry_after_and_gives_up_after_three() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(SERVICE).await;
+    let tokens = Tokens::synthetic(1, DEV_SECRET, 3).expect("tokens");
+    srv.state.refuse_lists.store(2, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let ok = runs::smoke_only(&srv.base(), Some(&srv.base()), &tokens, Duration::from_secs(2)).await.expect("passes");
+    assert!(ok.passed);
+    assert!(started.elapsed() >= Duration::from_secs(2), "two refusals, each waited out: {:?}", started.elapsed());
+
+    srv.state.refuse_lists.store(4, std::sync::atomic::Ordering::Relaxed);
+    let err =
+        runs::smoke_only(&srv.base(), Some(&srv.base()), &tokens, Duration::from_secs(2)).await.expect_err("refused");
+    assert_eq!(err.step, "list inbox");
+    assert!(err.reason.contains("status 503"), "{}", err.reason);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_smoke_failure_stops_the_run_with_the_failing_step_named() {
     let _serial = SERIAL.lock().await;
     let srv = common::start(SERVICE).await;

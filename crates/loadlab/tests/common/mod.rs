@@ -43,6 +43,8 @@ pub struct ServerState {
     pub stall_at: u64,
     /// Breaks the messages endpoint of the fake chat API.
     pub break_messages: AtomicBool,
+    /// The next this many inbox lists are refused with 503 and `Retry-After: 1`.
+    pub refuse_lists: AtomicU64,
     shed_total: AtomicU64,
 }
 
@@ -54,6 +56,7 @@ pub async fn start(service: Duration) -> TestServer {
         counter: AtomicU64::new(0),
         stall_at: 50,
         break_messages: AtomicBool::new(false),
+        refuse_lists: AtomicU64::new(0),
         shed_total: AtomicU64::new(0),
     });
     let app = Router::new()
@@ -142,9 +145,14 @@ fn unauthorized() -> Response {
     (StatusCode::UNAUTHORIZED, Json(json!({"error": {"type": "unauthorized", "code": "unauthorized"}}))).into_response()
 }
 
-async fn list_conversations(h: HeaderMap) -> Response {
+async fn list_conversations(State(state): State<Arc<ServerState>>, h: HeaderMap) -> Response {
     if !authorized(&h) {
         return unauthorized();
+    }
+    if state.refuse_lists.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+        let envelope = json!({"error": {"type": "service_unavailable", "code": "load_shed", "message": "busy",
+                                        "recovery": {"retryable": true, "retry_after_seconds": 1}}});
+        return (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], Json(envelope)).into_response();
     }
     let items: Vec<_> = (1..=5)
         .map(|i| {
