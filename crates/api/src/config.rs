@@ -233,6 +233,11 @@ pub struct Config {
     /// How long a client may take to send a request's headers, in seconds (slowloris guard).
     #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10)]
     pub header_read_timeout_secs: u64,
+    /// The longest a response may go without one byte accepted by the client's socket (a client
+    /// that stopped reading), in seconds; past it the connection is closed. Only the connection
+    /// waits for a slow reader: its database and admission slots are freed before the write.
+    #[arg(long, env = "WRITE_STALL_TIMEOUT_SECS", default_value_t = 15)]
+    pub write_stall_timeout_secs: u64,
     /// The longest a handler may run before the request is answered 503, in seconds.
     #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 30)]
     pub request_timeout_secs: u64,
@@ -340,7 +345,11 @@ impl Config {
         {
             return Err(ConfigError::Throttles);
         }
-        if self.header_read_timeout_secs == 0 || self.request_timeout_secs == 0 || self.body_read_timeout_ms == 0 {
+        if self.header_read_timeout_secs == 0
+            || self.request_timeout_secs == 0
+            || self.body_read_timeout_ms == 0
+            || self.write_stall_timeout_secs == 0
+        {
             return Err(ConfigError::Timeouts("timeouts must be at least one second"));
         }
         if self.jobs_stats_timeout_ms == 0 || self.runtime_metrics_interval_ms < 10 {
@@ -372,6 +381,12 @@ impl Config {
             issuer: self.jwt_issuer.clone(),
             audience: self.jwt_audience.clone(),
         }
+    }
+
+    /// Write stall timeout.
+    #[must_use]
+    pub fn write_stall_timeout(&self) -> Duration {
+        Duration::from_secs(self.write_stall_timeout_secs)
     }
 
     /// Body read timeout.

@@ -250,6 +250,7 @@ pub async fn start_with_pool(
         header_read_timeout: state.config.header_read_timeout(),
         shutdown_grace: state.config.shutdown_grace(),
         retry_hold_max: state.config.retry_hold_max(),
+        write_stall_timeout: state.config.write_stall_timeout(),
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(metrics::sample_runtime(

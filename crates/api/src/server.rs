@@ -74,6 +74,7 @@ pub struct Connections {
     accept_rate: Option<Limit>,
     paced: AtomicU64,
     refusals_held: Arc<AtomicU64>,
+    write_stalls: AtomicU64,
 }
 
 impl Connections {
@@ -93,6 +94,7 @@ impl Connections {
             accept_rate: None,
             paced: AtomicU64::new(0),
             refusals_held: Arc::new(AtomicU64::new(0)),
+            write_stalls: AtomicU64::new(0),
         }
     }
 
@@ -122,6 +124,13 @@ impl Connections {
     #[must_use]
     pub fn refusals_held(&self) -> u64 {
         self.refusals_held.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because the client stopped reading its response for longer than
+    /// `WRITE_STALL_TIMEOUT_SECS`, since start.
+    #[must_use]
+    pub fn write_stalls(&self) -> u64 {
+        self.write_stalls.load(Ordering::Relaxed)
     }
 
     /// What happens past the cap.
@@ -198,6 +207,9 @@ pub struct ServeOptions {
     /// The longest a refusal is held for a caller that came back before its `Retry-After`
     /// (`retry_hold.rs`); zero: never.
     pub retry_hold_max: Duration,
+    /// The longest a response may go without one byte written (the client not reading) before
+    /// the connection is closed.
+    pub write_stall_timeout: Duration,
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then drains.
@@ -437,6 +449,11 @@ impl<S: HttpService> Edge<S> {
                     tracing::debug!(%peer, "request headers not received in time: closing");
                     break;
                 }
+                () = track.write_overdue(self.options.write_stall_timeout) => {
+                    tracing::debug!(%peer, "the client stopped reading its response: closing");
+                    self.connections.write_stalls.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
             }
         }
     }
@@ -488,6 +505,10 @@ struct ConnTrack {
     head_started: AtomicU64,
     in_flight: AtomicUsize,
     head_began: tokio::sync::Notify,
+    /// Milliseconds since `epoch` (plus one) since when a write has made no progress (the client
+    /// stopped reading and the socket's buffers are full); 0 while writes progress.
+    write_stalled: AtomicU64,
+    write_began_stalling: tokio::sync::Notify,
 }
 
 impl ConnTrack {
@@ -497,6 +518,43 @@ impl ConnTrack {
             head_started: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             head_began: tokio::sync::Notify::new(),
+            write_stalled: AtomicU64::new(0),
+            write_began_stalling: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn since_epoch_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// After each write: a write that could not proceed starts (or continues) a stall; one that
+    /// wrote anything ends it.
+    fn on_write<T>(&self, result: &Poll<io::Result<T>>, progressed: impl FnOnce(&T) -> bool) {
+        match result {
+            Poll::Pending => {
+                if self.write_stalled.load(Ordering::Relaxed) == 0 {
+                    self.write_stalled.store(self.since_epoch_ms(), Ordering::Relaxed);
+                    self.write_began_stalling.notify_one();
+                }
+            }
+            Poll::Ready(Ok(n)) if progressed(n) => self.write_stalled.store(0, Ordering::Relaxed),
+            Poll::Ready(_) => {}
+        }
+    }
+
+    /// Resolves when a response has been stuck, not one byte written, for longer than `timeout`.
+    async fn write_overdue(&self, timeout: Duration) {
+        loop {
+            let since = self.write_stalled.load(Ordering::Relaxed);
+            if since == 0 {
+                self.write_began_stalling.notified().await;
+                continue;
+            }
+            let deadline = self.epoch + Duration::from_millis(since - 1) + timeout;
+            tokio::time::sleep_until(deadline.into()).await;
+            if self.write_stalled.load(Ordering::Relaxed) == since {
+                return;
+            }
         }
     }
 
@@ -572,7 +630,10 @@ impl<T: AsyncRead> AsyncRead for TrackedIo<T> {
 
 impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
+        let this = self.project();
+        let result = this.inner.poll_write(cx, buf);
+        this.track.on_write(&result, |n| *n > 0);
+        result
     }
 
     fn poll_write_vectored(
@@ -580,7 +641,10 @@ impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let result = this.inner.poll_write_vectored(cx, bufs);
+        this.track.on_write(&result, |n| *n > 0);
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -588,7 +652,10 @@ impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
+        let this = self.project();
+        let result = this.inner.poll_flush(cx);
+        this.track.on_write(&result, |()| true);
+        result
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -158,3 +158,46 @@ async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(
     let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["connections"]["refusals_held"], 1, "{}", status.text);
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_client_that_stops_reading_is_cut_off_at_the_write_stall_timeout(pool: PgPool) {
+    let app = common::spawn_with(pool.clone(), &["--write-stall-timeout-secs", "1"]).await;
+    let t = common::tenant(&pool, "Acme").await;
+    let other = common::tenant(&pool, "Other").await;
+    let ann = t.contact(&app, "Ann", "ann@example.com").await;
+    let conv = t.conversation(&app, ann).await;
+    let body = "x".repeat(10_000);
+    for _ in 0..100 {
+        t.message(&app, conv, &body).await;
+    }
+    // Eight pipelined requests for a page of 1 MB, on a socket that never reads: more than the
+    // kernel buffers on both sides can hold (the sender's at most 4 MiB here), so the server's
+    // writes stop making progress.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let mut stream = socket.connect(app.running.addr).await.expect("connect");
+    let head = format!(
+        "GET /v1/conversations/{conv}/messages?limit=100 HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {}\r\n\r\n",
+        t.token
+    );
+    stream.write_all(head.repeat(8).as_bytes()).await.expect("requests");
+    let started = Instant::now();
+    let closed_after = loop {
+        let s = app.ops("/v1/ops/status").await;
+        if s.body["layers"]["connections"]["write_stalls"] == 1 {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never cut off: {}", s.body["layers"]["connections"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The stalled response held no database slot, and another tenant is served.
+    let s = app.ops("/v1/ops/status").await;
+    assert_eq!(s.body["layers"]["bulkhead"]["in_use"], 0, "{}", s.body["layers"]["bulkhead"]);
+    assert_eq!(s.body["layers"]["connections"]["write_stall_timeout_seconds"], 1);
+    assert_eq!(app.get("/v1/conversations", &other.token).await.status, StatusCode::OK);
+    // The client, reading at last, gets part of what was asked and then the end of the connection.
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got)).await.expect("closed");
+    assert!(got.len() < 8 * 1_000_000, "the whole of it arrived ({} bytes): nothing stalled", got.len());
+    assert!(closed_after >= Duration::from_millis(900), "cut off before the timeout: {closed_after:?}");
+}

@@ -100,6 +100,11 @@ pub(crate) struct Connections {
     keep_alive_timeout_seconds: u64,
     /// Header read timeout, seconds.
     header_read_timeout_seconds: u64,
+    /// The longest a response may go without a byte written before the connection is closed,
+    /// seconds.
+    write_stall_timeout_seconds: u64,
+    /// Connections closed so (the client stopped reading), since start.
+    write_stalls: u64,
     /// Handler timeout, seconds.
     request_timeout_seconds: u64,
 }
@@ -165,6 +170,8 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
+                write_stall_timeout_seconds: cfg.write_stall_timeout_secs,
+                write_stalls: state.connections.write_stalls(),
                 request_timeout_seconds: cfg.request_timeout_secs,
             },
             body: state.body.status(),
