@@ -544,39 +544,33 @@ impl ConnTrack {
 
     /// Resolves when a response has been stuck, not one byte written, for longer than `timeout`.
     async fn write_overdue(&self, timeout: Duration) {
-        loop {
-            let since = self.write_stalled.load(Ordering::Relaxed);
-            if since == 0 {
-                self.write_began_stalling.notified().await;
-                continue;
-            }
-            let deadline = self.epoch + Duration::from_millis(since - 1) + timeout;
-            tokio::time::sleep_until(deadline.into()).await;
-            if self.write_stalled.load(Ordering::Relaxed) == since {
-                return;
-            }
-        }
+        self.overdue(&self.write_stalled, &self.write_began_stalling, timeout).await;
     }
 
     fn on_bytes_read(&self) {
         if self.in_flight.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) == 0 {
-            let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
-            self.head_started.store(ms, Ordering::Relaxed);
+            self.head_started.store(self.since_epoch_ms(), Ordering::Relaxed);
             self.head_began.notify_one();
         }
     }
 
     /// Resolves when a request head has been arriving for longer than `timeout`.
     async fn head_overdue(&self, timeout: Duration) {
+        self.overdue(&self.head_started, &self.head_began, timeout).await;
+    }
+
+    /// Resolves when the moment in `since` (milliseconds since `epoch`, plus one; 0: none, and
+    /// `began` is notified when one is set) is more than `timeout` old and still the same.
+    async fn overdue(&self, since: &AtomicU64, began: &tokio::sync::Notify, timeout: Duration) {
         loop {
-            let started = self.head_started.load(Ordering::Relaxed);
+            let started = since.load(Ordering::Relaxed);
             if started == 0 {
-                self.head_began.notified().await;
+                began.notified().await;
                 continue;
             }
             let deadline = self.epoch + Duration::from_millis(started - 1) + timeout;
             tokio::time::sleep_until(deadline.into()).await;
-            if self.head_started.load(Ordering::Relaxed) == started {
+            if since.load(Ordering::Relaxed) == started {
                 return;
             }
         }

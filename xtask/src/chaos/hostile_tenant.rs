@@ -293,21 +293,17 @@ async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &
         read.len(),
         by_status(&read)
     ));
-    let forged_by = by_status(&forged);
-    report.check(
-        S,
-        "forged tokens claiming the victim's tenant are refused",
-        "every one 401, or a 503 refusal; none served",
-        format!("{} requests by status: {forged_by:?}", forged.len()),
-        !forged.is_empty() && forged_by.keys().all(|s| *s == 401 || *s == 503) && forged_by.contains_key(&401),
-    );
-    let probes_by = by_status(&probes);
-    report.check(
-        S,
-        "/ready, /metrics and /v1/ops/status are not on the public port",
-        "every one 404, or a 503 refusal; none served",
-        format!("{} requests by status: {probes_by:?}", probes.len()),
-        !probes.is_empty() && probes_by.keys().all(|s| *s == 404 || *s == 503) && probes_by.contains_key(&404),
-    );
+    let mut refused_or = |what: &str, statuses: &[u16], answer: u16| {
+        let by = by_status(statuses);
+        report.check(
+            S,
+            what,
+            &format!("every one {answer}, or a 503 refusal; none served"),
+            format!("{} requests by status: {by:?}", statuses.len()),
+            !statuses.is_empty() && by.keys().all(|s| *s == answer || *s == 503) && by.contains_key(&answer),
+        );
+    };
+    refused_or("forged tokens claiming the victim's tenant are refused", &forged, 401);
+    refused_or("/ready, /metrics and /v1/ops/status are not on the public port", &probes, 404);
     Ok(())
 }
