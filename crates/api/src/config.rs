@@ -219,8 +219,8 @@ pub struct Config {
     /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
     #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]
     pub listen_backlog: u32,
-    /// The longest a refusal is held, in milliseconds, for a caller that came back on the same
-    /// connection before the previous refusal's `Retry-After`: a caller that ignores it is
+    /// The longest an admission refusal is held, in milliseconds, for a caller that came back on
+    /// the same connection before the previous refusal's `Retry-After`: a caller that ignores it is
     /// slowed to one refusal per `Retry-After` on a timer instead of spending the CPU on
     /// refusals. 0: never hold. Off whatever its value behind proxies (`TRUSTED_PROXIES` > 0),
     /// whose connections carry many clients.

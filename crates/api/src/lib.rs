@@ -203,8 +203,16 @@ impl Running {
         self.shutdown.cancel();
         let served = self.task.await;
         // The ops listener closes with the public one, after the drain delay in which `/ready`
-        // has said 503.
-        let ops = self.ops_task.await;
+        // has said 503; a connection it cannot close gracefully (it has no header timeout) gets
+        // the same grace as the public ones, then the listener is stopped.
+        let mut ops_task = self.ops_task;
+        let ops = match tokio::time::timeout(self.state.config.shutdown_grace(), &mut ops_task).await {
+            Ok(done) => done,
+            Err(_) => {
+                ops_task.abort();
+                Ok(Ok(()))
+            }
+        };
         // The last lines once the server has drained, so its final requests are counted.
         if let Some(emf) = self.emf {
             emf.finish().await;

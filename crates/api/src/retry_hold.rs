@@ -3,10 +3,16 @@
 //! A refusal is cheap, but not free: tens of microseconds of a quarter core each, most of it
 //! hyper and the kernel's loopback work. A closed-loop caller that ignores `Retry-After` comes
 //! straight back, so 192 of them can spend the whole quota on refusals and starve the admitted
-//! work (the retry storm). Per connection, this layer remembers when the last refusal said to
-//! come back (`Retry-After`, capped at `RETRY_HOLD_MAX_MS`). A request on that connection that
-//! arrives earlier is handled as usual, and if it is admitted it is answered at once; if it is
-//! refused again, the refusal is held until the earlier one's time has come. A caller that waits
+//! work (the retry storm). Per connection, this layer remembers when admission's last refusal
+//! said to come back (`Retry-After`, capped at `RETRY_HOLD_MAX_MS`). A request on that connection
+//! that arrives earlier is handled as usual, and if it is admitted it is answered at once; if
+//! admission refuses it again, the refusal is held until the earlier one's time has come, and
+//! never longer than `RETRY_HOLD_MAX_MS`.
+//!
+//! Only admission's own refusals are held (they carry its `Refusal` and no slot). A 429 of the
+//! throttles or a 503 `db_saturated` comes from inside an admitted request: its response body
+//! still holds the admission slot until it is written, so holding it would keep the slot, and
+//! count the hold as service time in the limiter. A caller that waits
 //! for each answer is thereby slowed to one refusal per `Retry-After`, waiting on a timer that
 //! costs nothing, and a caller that honours `Retry-After` is never held.
 //!
@@ -50,12 +56,9 @@ impl<S> RetryHold<S> {
     }
 }
 
-/// The `Retry-After` of a refusal (a 429 or 503 that carries one), in whole seconds.
+/// The `Retry-After` of one of admission's refusals, in whole seconds.
 fn retry_after(response: &Response<Body>) -> Option<u64> {
-    let status = response.status().as_u16();
-    if status != 429 && status != 503 {
-        return None;
-    }
+    response.extensions().get::<breakwater_admission::Refusal>()?;
     response.headers().get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()
 }
 
@@ -117,8 +120,9 @@ where
                     };
                     let now = Instant::now();
                     let mut not_before = this.hold.not_before.lock().unwrap_or_else(PoisonError::into_inner);
+                    // Never held longer than the cap, however many refusals came back early at once.
                     let send_at = match *not_before {
-                        Some(t) if t > now => t,
+                        Some(t) if t > now => t.min(now + *this.max),
                         _ => now,
                     };
                     *not_before = Some(send_at + Duration::from_secs(secs).min(*this.max));

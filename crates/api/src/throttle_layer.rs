@@ -59,7 +59,9 @@ fn insert_rate_headers(headers: &mut HeaderMap, name: &str, limit: Limit, remain
 /// the table does not list).
 fn authorize(req: &Request, auth: Auth) -> Result<(), ApiError> {
     let path = req.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
-    match crate::permissions::required(req.method(), path) {
+    // axum answers HEAD on a GET route: it needs what the GET needs.
+    let method = if req.method() == axum::http::Method::HEAD { &axum::http::Method::GET } else { req.method() };
+    match crate::permissions::required(method, path) {
         Some(required) if crate::permissions::satisfies(auth.role, required) => Ok(()),
         Some(required) => Err(ApiError::Forbidden(crate::permissions::role_name(required))),
         None => {

@@ -105,15 +105,32 @@ async fn a_body_sent_slowly_within_the_timeout_is_served(pool: PgPool) {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(pool: PgPool) {
-    // One request a second per user, in a burst of one: the second request in a second is a 429
-    // with `Retry-After: 1`.
+    // One admission slot per class and no queue: while a slow request holds the default class's
+    // slot, every other request of the class is refused at once (503 load_shed, Retry-After).
     let app = common::spawn_with(
         pool.clone(),
-        &["--throttle-user-rate", "1", "--throttle-user-burst", "1", "--retry-hold-max-ms", "1000"],
+        &[
+            "--admission",
+            "static",
+            "--admission-static-limit",
+            "1",
+            "--admission-queue",
+            "0",
+            "--retry-hold-max-ms",
+            "1000",
+        ],
     )
     .await;
     let t = common::tenant(&pool, "Acme").await;
-    let url = app.url("/v1/conversations?status=open");
+    let ann = t.contact(&app, "Ann", "ann@example.com").await;
+    let blocker = common::lock_contacts(&pool, &[ann]).await;
+    let slow = {
+        let req = app.http.delete(app.url(&format!("/v1/contacts/{ann}"))).bearer_auth(&t.token);
+        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let url = app.url(&format!("/v1/contacts/{ann}"));
     // Each client keeps one kept-alive connection: the caller the hold remembers.
     let client = || reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
     let (spinner, other) = (client(), client());
@@ -122,26 +139,23 @@ async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(
         async move {
             let started = Instant::now();
             let r = req.send().await.expect("sent");
-            (r.status(), r.headers().get("retry-after").cloned(), started.elapsed())
+            let code = r.headers().get("retry-after").is_some();
+            (r.status(), code, started.elapsed())
         }
     };
-    assert_eq!(timed(&spinner).await.0, StatusCode::OK);
-    let (status, retry_after, took) = timed(&spinner).await;
-    assert_eq!(
-        (status, retry_after.as_ref().map(|v| v.to_str().expect("ascii"))),
-        (StatusCode::TOO_MANY_REQUESTS, Some("1"))
-    );
+    let (status, has_retry_after, took) = timed(&spinner).await;
+    assert_eq!((status, has_retry_after), (StatusCode::SERVICE_UNAVAILABLE, true));
     assert!(took < Duration::from_millis(300), "the first refusal is answered at once: {took:?}");
     let refused_at = Instant::now();
 
-    // Another connection of the same user is not held for the first one's haste.
+    // Another connection of the same tenant is not held for the first one's haste.
     let (status, _, took) = timed(&other).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(took < Duration::from_millis(300), "another caller is refused at once: {took:?}");
 
     // Straight back, ignoring Retry-After: refused again, but only once the second has passed.
     let (status, _, took) = timed(&spinner).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(took >= Duration::from_millis(600), "an early caller's refusal is held: {took:?}");
     assert!(
         refused_at.elapsed() >= Duration::from_millis(950),
@@ -149,14 +163,37 @@ async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(
         refused_at.elapsed()
     );
 
-    // A caller that waits out its Retry-After is answered at once.
+    // A caller that waits out its Retry-After, once there is room, is answered at once.
+    drop(blocker);
+    assert_eq!(slow.await.expect("joined").expect("sent"), StatusCode::ACCEPTED);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (status, _, took) = timed(&spinner).await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status, StatusCode::NOT_FOUND, "the contact is erased; the request was served");
     assert!(took < Duration::from_millis(300), "a caller that waited is not held: {took:?}");
 
     let status = app.ops("/v1/ops/status").await;
     assert_eq!(status.body["layers"]["connections"]["refusals_held"], 1, "{}", status.text);
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_throttle_refusal_is_not_held_because_it_still_carries_its_admission_slot(pool: PgPool) {
+    let app = common::spawn_with(
+        pool.clone(),
+        &["--throttle-user-rate", "1", "--throttle-user-burst", "1", "--retry-hold-max-ms", "1000"],
+    )
+    .await;
+    let t = common::tenant(&pool, "Acme").await;
+    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+    let url = app.url("/v1/conversations?status=open");
+    assert_eq!(spinner.get(&url).bearer_auth(&t.token).send().await.expect("sent").status(), StatusCode::OK);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = spinner.get(&url).bearer_auth(&t.token).send().await.expect("sent");
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(started.elapsed() < Duration::from_millis(300), "a 429 is not held: {:?}", started.elapsed());
+    }
+    let status = app.ops("/v1/ops/status").await;
+    assert_eq!(status.body["layers"]["connections"]["refusals_held"], 0, "{}", status.text);
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]

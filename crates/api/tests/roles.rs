@@ -102,3 +102,11 @@ async fn every_operation_is_refused_to_a_role_below_its_own_and_served_to_the_re
         }
     }
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_head_request_needs_what_its_get_needs(pool: PgPool) {
+    let app = spawn(pool.clone()).await;
+    let t = tenant(&pool, "Acme").await;
+    let r = app.call(Method::HEAD, "/v1/contacts", Some(&t.agent_token), None).await;
+    assert_eq!(r.status, StatusCode::OK, "HEAD of an agent's GET route");
+}
