@@ -32,10 +32,7 @@ async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers
 
     // One slow request holds the only slot of its class (it waits on a row lock).
     let blocker = lock_contacts(&pool, &[ann]).await;
-    let slow = {
-        let req = app.http.delete(app.url(&format!("/v1/contacts/{ann}"))).bearer_auth(&t.token);
-        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
-    };
+    let slow = common::erase_in_background(&app, &t.token, ann);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Two more of the same class: one waits in the queue (then times out), one finds it full.

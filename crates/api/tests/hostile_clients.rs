@@ -124,10 +124,7 @@ async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(
     let t = common::tenant(&pool, "Acme").await;
     let ann = t.contact(&app, "Ann", "ann@example.com").await;
     let blocker = common::lock_contacts(&pool, &[ann]).await;
-    let slow = {
-        let req = app.http.delete(app.url(&format!("/v1/contacts/{ann}"))).bearer_auth(&t.token);
-        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
-    };
+    let slow = common::erase_in_background(&app, &t.token, ann);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let url = app.url(&format!("/v1/contacts/{ann}"));

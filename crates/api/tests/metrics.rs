@@ -118,10 +118,7 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     // Admission: the admin's erasure of Bob holds the only slot (it waits on Bob's row lock);
     // four more requests meanwhile are shed at once.
     let blocker = lock_contacts(&pool, &[bob]).await;
-    let slow = {
-        let req = app.http.delete(app.url(&format!("/v1/contacts/{bob}"))).bearer_auth(&t.token);
-        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
-    };
+    let slow = common::erase_in_background(&app, &t.token, bob);
     let mut held = false;
     for _ in 0..100 {
         if value(&scrape(&app).await, "breakwater_admission_in_flight", &[("class", "default")]) == Some(1.0) {

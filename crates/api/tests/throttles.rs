@@ -286,13 +286,7 @@ async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
 
     // Two slow requests: each waits on a row lock, holding its slot and connection.
     let blocker = lock_contacts(&pool, &[ann, bob]).await;
-    let slow: Vec<_> = [ann, bob]
-        .into_iter()
-        .map(|id| {
-            let req = app.http.delete(app.url(&format!("/v1/contacts/{id}"))).bearer_auth(&t.token);
-            tokio::spawn(async move { req.send().await.map(|r| r.status()) })
-        })
-        .collect();
+    let slow: Vec<_> = [ann, bob].into_iter().map(|id| common::erase_in_background(&app, &t.token, id)).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let started = Instant::now();

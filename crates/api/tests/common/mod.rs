@@ -27,6 +27,17 @@ pub async fn lock_contacts(pool: &PgPool, ids: &[Uuid]) -> sqlx::Transaction<'st
     tx
 }
 
+/// Starts an erasure of `contact` in the background: with the contact's row locked
+/// ([`lock_contacts`]), it waits holding its admission slot and its database connection.
+pub fn erase_in_background(
+    app: &TestApp,
+    token: &str,
+    contact: Uuid,
+) -> tokio::task::JoinHandle<reqwest::Result<StatusCode>> {
+    let req = app.http.delete(app.url(&format!("/v1/contacts/{contact}"))).bearer_auth(token);
+    tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+}
+
 /// A served app.
 pub struct TestApp {
     pub base: String,
