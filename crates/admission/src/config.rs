@@ -94,7 +94,9 @@ pub struct ClassConfig {
     /// The p95 latency the operator wants for admitted work. The only number to configure:
     /// the in-flight limit is derived from the service. Default 200 ms.
     pub latency_target: Duration,
-    /// The fixed ceiling used in [`Mode::Static`]. Default 80 (the seed's default).
+    /// The fixed ceiling used in [`Mode::Static`]. Default 80 (the seed's default). 0 admits
+    /// nothing: with no queue, every request of the class is refused at once, which is how the
+    /// lab measures what a refusal costs.
     pub static_limit: usize,
     /// Where the adaptive limit starts. Default 10: low enough not to swamp a quarter-core task
     /// (whose right number was 5), high enough that startup doubling reaches hundreds in a second.
@@ -250,9 +252,6 @@ impl AdmissionConfig {
             }
             if c.initial_limit < c.min_limit || c.initial_limit > c.max_limit {
                 return bad("need min_limit <= initial_limit <= max_limit");
-            }
-            if c.static_limit == 0 {
-                return bad("static_limit must be at least 1");
             }
             if c.latency_target.is_zero() {
                 return bad("latency_target must be positive");

@@ -212,6 +212,10 @@ pub(crate) struct Gradient {
     steady_before_probe: bool,
     /// Mean latency of the last window that was not a probe.
     last_mean: f64,
+    /// The target's floor under the limit in force: +1 per window while demand exceeds the
+    /// limit and the window's p95 is under [`Self::TARGET_SHARE`] of the target, x0.9 per window
+    /// over it.
+    target_floor: f64,
 }
 
 impl Gradient {
@@ -236,6 +240,10 @@ impl Gradient {
     /// reached in a few windows, while a few noisy windows cannot jump far past a nearby knee.
     const GROWTH_STEP: f64 = 0.05;
     const GROWTH_MAX: f64 = 1.2;
+    /// The share of the latency target admitted work may take inside the service before the
+    /// target's floor backs off; the rest is the queue's.
+    const TARGET_SHARE: f64 = 0.5;
+    const BACKOFF: f64 = 0.9;
 
     fn new(initial: f64, bounds: Bounds, target: f64, smoothing: f64) -> Self {
         Self {
@@ -261,6 +269,7 @@ impl Gradient {
             mean_before_probe: 0.0,
             steady_before_probe: false,
             last_mean: 0.0,
+            target_floor: 0.0,
         }
     }
 
@@ -270,7 +279,7 @@ impl Gradient {
             // probe's latency is the no-load latency.
             round(self.bounds.clamp((self.limit - Self::QUEUE_ALLOWANCE).max(1.0) * Self::PROBE_FACTOR))
         } else {
-            round(self.bounds.clamp(self.limit))
+            round(self.bounds.clamp(self.limit.max(self.target_floor)))
         }
     }
 
@@ -382,19 +391,43 @@ impl Gradient {
         }
         let floor = if self.descending { 0.25 } else { 0.5 };
         self.limit = self.bounds.clamp(self.limit.max(before * floor));
+        if !self.startup {
+            self.steer_by_target(w);
+        }
 
         if !self.startup {
             self.windows_since_probe += 1;
             // A probe is compared with the window before it, which must have run at the full
             // limit: never the window right after another probe.
             let due = self.probe_next || self.windows_since_probe >= Self::PROBE_EVERY;
-            if due && !after_probe {
+            // While the target's floor holds the limit above the estimate, a probe below the knee
+            // would only throw throughput away: the floor, not the baseline, decides the limit.
+            let floor_rules = self.target_floor > self.limit;
+            if due && !after_probe && !floor_rules {
                 self.probe_next = false;
                 self.probing = true;
                 self.mean_before_probe = w.mean;
                 self.steady_before_probe = (w.mean / last_mean - 1.0).abs() < 0.05;
             }
         }
+    }
+
+    /// The target's floor: work that would meet the target is admitted even past the knee. The
+    /// knee is where more concurrency stops lowering latency, not where it stops paying: under a
+    /// CPU quota, a process that the quota freezes serves what piled up in one batch, at less
+    /// CPU per request, so throughput keeps rising past the knee the latency shows (a quarter-core
+    /// task: 2-3 in flight at the knee, 25% more 2xx/s at 20-50). So while demand exceeds the
+    /// limit and admitted work finishes within [`Self::TARGET_SHARE`] of the target, the floor
+    /// rises by one per window, and it backs off x0.9 per window over that. The other share is
+    /// the admission queue's: the longest wait is half the target too. The knee estimate goes on
+    /// underneath and takes over when the floor falls below it.
+    fn steer_by_target(&mut self, w: &WindowSummary) {
+        if w.p95 > Self::TARGET_SHARE * self.target {
+            self.target_floor *= Self::BACKOFF;
+        } else if w.limited {
+            self.target_floor = self.target_floor.max(self.limit) + 1.0;
+        }
+        self.target_floor = self.bounds.clamp(self.target_floor);
     }
 
     /// Folds a completed probe into the baseline and says what it showed about the knee.
@@ -473,9 +506,15 @@ mod tests {
         }
     }
 
+    /// The knee finder alone: a target below the service's no-load latency (50 ms) keeps the
+    /// target's floor at zero.
     fn gradient(initial: usize) -> Controller {
+        gradient_with_target(initial, std::time::Duration::from_millis(20))
+    }
+
+    fn gradient_with_target(initial: usize, target: std::time::Duration) -> Controller {
         let cfg = AdmissionConfig::default();
-        let class = ClassConfig { initial_limit: initial, ..ClassConfig::default() };
+        let class = ClassConfig { initial_limit: initial, latency_target: target, ..ClassConfig::default() };
         Controller::new(&cfg, &class)
     }
 
@@ -499,6 +538,22 @@ mod tests {
         let est = g.estimate().unwrap_or(0.0);
         assert!((32.0..=48.0).contains(&est), "{est}");
         assert!(g.baseline().is_some_and(|b| (b - 0.10).abs() < 0.01));
+    }
+
+    #[test]
+    fn the_target_floor_admits_past_the_knee_and_backs_off_over_its_share() {
+        // Knee 20 (400/s x 50 ms): a 200 ms target lets the limit rise until admitted work takes
+        // its share, 100 ms: 40 in flight at 400/s.
+        let mut g = gradient_with_target(10, std::time::Duration::from_millis(200));
+        run(&mut g, 200, 400.0, 0.05);
+        let limit = usize_f64(g.limit());
+        assert!((36.0..=44.0).contains(&limit), "limit in force {limit}");
+        let knee = g.estimate().unwrap_or(0.0);
+        assert!((18.0..=28.0).contains(&knee), "the knee estimate goes on underneath: {knee}");
+        // Capacity halves: latency at 40 in flight doubles past the share, the floor backs off.
+        run(&mut g, 100, 200.0, 0.05);
+        let limit = usize_f64(g.limit());
+        assert!((16.0..=23.0).contains(&limit), "limit in force after halving {limit}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod controller;
 mod cpu;
 mod histogram;
 mod layer;
+mod pacing;
 mod queue;
 mod refusal;
 mod snapshot;
@@ -46,6 +47,9 @@ pub use body::AdmissionBody;
 pub use config::{AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, Mode, ParseError};
 pub use cpu::{CpuMeter, CpuSnapshot};
 pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_timeout};
+pub use pacing::{
+    PaceableRefusal, PacedFuture, PacingConfig, PacingSnapshot, RetryPacing, RetryPacingLayer, RetryPacingService,
+};
 pub use refusal::{Refusal, RefusalReason};
 pub use snapshot::{ClassSnapshot, ShedTotals, Snapshot};
 pub use state::Admission;

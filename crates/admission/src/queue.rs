@@ -55,6 +55,11 @@ impl FairQueue {
         ((own + 1) * turns).min(self.len + 1)
     }
 
+    /// Tenants with waiters.
+    pub(crate) fn tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
     /// Waiters of this tenant.
     pub(crate) fn queued(&self, key: Option<u64>) -> usize {
         self.find(key).map_or(0, |i| self.tenants[i].waiters.len())

@@ -485,7 +485,8 @@ impl ClassState {
     fn flooding(&self, tenant: Option<u64>, waiting: bool, now: Instant, cfg: &AdmissionConfig) -> bool {
         let backlog = self.backlog(now, cfg);
         let busy = self.controller.limit().min(self.in_flight.max(1));
-        flooding(&self.tenant_slots, busy, tenant, waiting, backlog, cfg)
+        let (waiting_tenants, queued) = (self.queue.tenants(), self.queue.queued(tenant) > 0);
+        flooding(&self.tenant_slots, waiting_tenants, queued, busy, tenant, waiting, backlog, cfg)
     }
 
     /// Hands free slots to waiters: the waiting tenant with the smallest footprint (slots held
@@ -495,10 +496,11 @@ impl ClassState {
             let slots = &self.tenant_slots;
             let busy = self.controller.limit().min(self.in_flight.max(1));
             let backlog = self.backlog(now, cfg);
+            let waiting_tenants = self.queue.tenants();
             let Some(w) = self.queue.pop(
                 |k| slots.get(&k).copied().unwrap_or(0),
                 // Only tenants with waiters are asked.
-                |k| cfg.adaptive_lifo && flooding(slots, busy, k, true, backlog, cfg),
+                |k| cfg.adaptive_lifo && flooding(slots, waiting_tenants, true, busy, k, true, backlog, cfg),
             ) else {
                 break;
             };
@@ -511,13 +513,17 @@ impl ClassState {
 }
 
 /// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
-/// this tenant: it holds over twice its share of the `busy` slots, or it is the one tenant
-/// holding any, or nobody holds one and it waits. A tenant at or under its share keeps the normal
+/// this tenant at another's expense: another tenant holds a slot or waits, and this one holds
+/// over twice its share of the `busy` slots, or it is the one tenant holding any, or nobody
+/// holds one and it waits. A tenant at or under its share keeps the normal
 /// wait and order, and so does one holding no slot while another holds them all: at a small limit
 /// a flooding tenant often holds every slot, and a light tenant arriving then, or queueing a
 /// second request, is not the cause of the overload.
+#[allow(clippy::too_many_arguments)]
 fn flooding(
     slots: &HashMap<Option<u64>, usize, KeyHasher>,
+    waiting_tenants: usize,
+    queued: bool,
     busy: usize,
     tenant: Option<u64>,
     waiting: bool,
@@ -529,6 +535,15 @@ fn flooding(
     }
     let held = slots.get(&tenant).copied().unwrap_or(0);
     let holders = slots.len();
+    // Alone in the class (no other tenant holds a slot or waits): the overload is the service's,
+    // not this tenant's at anyone else's expense, so it keeps the normal wait and order. The
+    // short wait is for sharing; with nobody to share with it would only refuse work that the
+    // latency target could carry.
+    let others_hold = holders > usize::from(held > 0);
+    let others_wait = waiting_tenants > usize::from(queued);
+    if !others_hold && !others_wait {
+        return false;
+    }
     if held == 0 {
         return holders == 0 && waiting;
     }
@@ -544,7 +559,7 @@ impl WindowSummary {
 /// far less than SipHash on every admission and release. Keys come from the API, not from
 /// attackers choosing collisions at this layer's scale (a few hundred slots).
 #[derive(Clone, Copy, Debug, Default)]
-struct KeyHasher;
+pub(crate) struct KeyHasher;
 
 impl std::hash::BuildHasher for KeyHasher {
     type Hasher = KeyHash;
@@ -553,7 +568,7 @@ impl std::hash::BuildHasher for KeyHasher {
     }
 }
 
-struct KeyHash(u64);
+pub(crate) struct KeyHash(u64);
 
 impl std::hash::Hasher for KeyHash {
     fn finish(&self) -> u64 {

@@ -297,13 +297,58 @@ async fn the_queue_honours_its_bound_and_its_max_wait() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn sustained_overload_shortens_the_wait_and_the_queue() {
+async fn sustained_overload_shortens_the_wait_and_the_queue_of_the_tenant_causing_it() {
+    let a = admission(static_config(1, 8));
+    let gate = Gate::new();
+    let svc = admitted(&a, gate.clone());
+    let _holder = tokio::spawn(status(svc.clone(), request("/", Some(1))));
+    run_pending().await;
+    // Nobody found a free slot for longer than the CoDel interval: sustained overload, and
+    // another tenant is waiting, so it is at that tenant's expense.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let _light = tokio::spawn(status(svc.clone(), request("/", Some(2))));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let t0 = Instant::now();
+    let late = {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            let out = status(svc, request("/", Some(1))).await;
+            (out.1.map(|r| r.reason), t0.elapsed())
+        })
+    };
+    let (reason, waited) = late.await.unwrap_or((None, Duration::MAX));
+    assert_eq!(reason, Some(RefusalReason::QueueTimeout));
+    assert_eq!(waited, Duration::from_millis(5), "the overload wait, not the 100 ms max");
+
+    // The tenant causing it may queue only what can drain within the short wait (here, one
+    // slot's worth): its further arrivals are refused at once instead of after the wait.
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let svc = svc.clone();
+        let t = Instant::now();
+        waiters.push(tokio::spawn(async move {
+            let out = status(svc, request("/", Some(1))).await;
+            (out.1.map(|r| r.reason), t.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut outcomes = Vec::new();
+    for w in waiters {
+        outcomes.push(w.await.unwrap_or((None, Duration::MAX)));
+    }
+    let at_once = (Some(RefusalReason::QueueFull), Duration::ZERO);
+    assert_eq!(outcomes, [(Some(RefusalReason::QueueTimeout), Duration::from_millis(5)), at_once, at_once]);
+}
+
+/// Alone in its class a tenant is not "causing" the overload at anyone's expense: in sustained
+/// overload it keeps the normal wait, so work that the target could carry is not refused.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_alone_in_sustained_overload_keeps_the_normal_wait() {
     let a = admission(static_config(1, 8));
     let gate = Gate::new();
     let svc = admitted(&a, gate.clone());
     let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
     run_pending().await;
-    // Nobody found a free slot for longer than the CoDel interval: sustained overload.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let t0 = Instant::now();
     let late = tokio::spawn(async move {
@@ -311,24 +356,7 @@ async fn sustained_overload_shortens_the_wait_and_the_queue() {
         (out.1.map(|r| r.reason), t0.elapsed())
     });
     let (reason, waited) = late.await.unwrap_or((None, Duration::MAX));
-    assert_eq!(reason, Some(RefusalReason::QueueTimeout));
-    assert_eq!(waited, Duration::from_millis(5), "the overload wait, not the 100 ms max");
-
-    // In sustained overload the queue holds only what can drain within the short wait (here,
-    // one slot's worth): further arrivals are refused at once instead of after the wait.
-    let svc = admitted(&a, gate.clone());
-    let mut waiters = Vec::new();
-    for _ in 0..3 {
-        waiters.push(tokio::spawn(status(svc.clone(), request("/", None))));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    gate.open.add_permits(2); // the holder finishes; then whoever got its slot
-    let mut outcomes = Vec::new();
-    for w in waiters {
-        outcomes.push(w.await.map(|(code, r)| (code, r.map(|r| r.reason))).ok());
-    }
-    let full = Some((StatusCode::SERVICE_UNAVAILABLE, Some(RefusalReason::QueueFull)));
-    assert_eq!(outcomes, [Some((StatusCode::OK, None)), full, full]);
+    assert_eq!((reason, waited), (Some(RefusalReason::QueueTimeout), Duration::from_millis(100)));
 }
 
 /// At a small limit one flooding tenant often holds every slot. A light tenant arriving then is
@@ -348,8 +376,10 @@ async fn in_sustained_overload_a_light_tenant_keeps_the_normal_wait() {
         let out = status(svc, request("/", Some(tenant))).await;
         (out.0, out.1.map(|r| r.reason), t0.elapsed())
     };
-    let flooder = tokio::spawn(timed(svc.clone(), 1));
+    // The light tenant arrives first: then the flooder's overload is at its expense.
     let light = tokio::spawn(timed(svc.clone(), 2));
+    run_pending().await;
+    let flooder = tokio::spawn(timed(svc.clone(), 1));
     run_pending().await;
     let light_again = tokio::spawn(timed(svc.clone(), 2));
     run_pending().await;

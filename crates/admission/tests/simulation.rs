@@ -72,6 +72,15 @@ impl Run {
     }
 }
 
+/// The knee finder alone: a latency target below the service's no-load latency (50 ms), so the
+/// target's floor never rises above the knee (with the default target the floor admits past
+/// the knee, tested below).
+fn knee_only() -> AdmissionConfig {
+    let mut cfg = AdmissionConfig::default();
+    cfg.set_latency_target(Duration::from_millis(20));
+    cfg
+}
+
 /// Requests the gradient controller lets queue inside the service on top of the knee
 /// (`Gradient::QUEUE_ALLOWANCE`): its aim is the knee plus these.
 const QUEUE_ALLOWANCE: f64 = 2.0;
@@ -93,7 +102,7 @@ fn assert_estimates_within(samples: &[Sample], knee: f64, tolerance: f64, what: 
 
 #[tokio::test(start_paused = true)]
 async fn converges_to_the_knee_from_a_cold_start() {
-    let run = Run::new(AdmissionConfig::default());
+    let run = Run::new(knee_only());
     assert_eq!(run.sim.knee(), 20.0);
     run.offer_x(2.0, 5.0).await;
     run.finish().await;
@@ -102,7 +111,7 @@ async fn converges_to_the_knee_from_a_cold_start() {
 
 #[tokio::test(start_paused = true)]
 async fn converges_down_from_a_start_far_above_the_knee() {
-    let mut cfg = AdmissionConfig::default();
+    let mut cfg = knee_only();
     cfg.classes[0].initial_limit = 100;
     let run = Run::new(cfg);
     run.offer_x(2.0, 5.0).await;
@@ -112,7 +121,7 @@ async fn converges_down_from_a_start_far_above_the_knee() {
 
 #[tokio::test(start_paused = true)]
 async fn follows_capacity_halving() {
-    let run = Run::new(AdmissionConfig::default());
+    let run = Run::new(knee_only());
     run.offer_x(2.0, 3.0).await;
     run.sim.set_workers(2);
     assert_eq!(run.sim.knee(), 10.0);
@@ -123,7 +132,7 @@ async fn follows_capacity_halving() {
 
 #[tokio::test(start_paused = true)]
 async fn follows_capacity_doubling() {
-    let run = Run::new(AdmissionConfig::default());
+    let run = Run::new(knee_only());
     run.offer_x(3.0, 3.0).await;
     run.sim.set_workers(8);
     assert_eq!(run.sim.knee(), 40.0);
@@ -136,13 +145,15 @@ async fn follows_capacity_doubling() {
 /// (400/s x 100 ms = 40) and the baseline must follow, from probes, not from our own queue.
 #[tokio::test(start_paused = true)]
 async fn follows_a_slower_dependency() {
-    let run = Run::new(AdmissionConfig::default());
+    let run = Run::new(knee_only());
     run.offer_x(2.0, 3.0).await;
     run.sim.set_io_ms(90);
     assert_eq!(run.sim.knee(), 40.0);
-    run.offer_x(2.0, 5.0).await;
+    // Six seconds to get there: the latency jump first reads as queueing (the limit steps
+    // down), then a probe finds the new baseline and the limit grows back past the old knee.
+    run.offer_x(2.0, 6.0).await;
     run.finish().await;
-    let late = run.samples(7.0, 8.0);
+    let late = run.samples(8.0, 9.0);
     assert_estimates_within(&late, 40.0, 0.2, "I/O 40 -> 90 ms at 3s");
     for s in late {
         assert!((s.baseline / 0.1 - 1.0).abs() < 0.1, "baseline {:.1} ms", s.baseline * 1e3);
@@ -153,7 +164,7 @@ async fn follows_a_slower_dependency() {
 /// baseline that creeps up under sustained load until the limit means nothing.
 #[tokio::test(start_paused = true)]
 async fn under_sustained_overload_the_baseline_holds_and_the_limit_is_never_pinned_low() {
-    let run = Run::new(AdmissionConfig::default());
+    let run = Run::new(knee_only());
     run.offer_x(3.0, 30.0).await;
     run.finish().await;
     let steady = run.samples(2.0, 30.0);
@@ -292,4 +303,34 @@ async fn compare_algorithms() {
         }
     }
     let _ = Instant::now();
+}
+
+/// The retry storm: closed-loop callers that ignore `Retry-After`, against a service whose knee is
+/// a few requests (one CPU, 10 ms of it and 20 ms of I/O per request: 100/s, the knee at 3, like
+/// a quarter-core task at a tenth of the speed) and where every arrival, refused or not, costs
+/// 1 ms of that CPU first (a refusal costs a tenth of a request, as measured at the production
+/// shape). Refused at once, 192 spinning callers spend the CPU on refusals; with early refusals
+/// held until the `Retry-After` they were given, the served work holds as the callers rise from
+/// 4 to 192.
+#[tokio::test(start_paused = true)]
+async fn served_work_holds_as_spinning_callers_rise_from_4_to_192() {
+    use breakwater_admission::{PacingConfig, RetryPacing};
+    async fn served(callers: usize, pacing: PacingConfig) -> f64 {
+        let sim = SimService::new(1, 10, 20);
+        let admission = Admission::new(AdmissionConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+        let admitted = admitted(&admission, sim.clone());
+        let costly = ArrivalCost { inner: admitted, sim, ms: 1 };
+        let svc = tower::Layer::layer(&RetryPacing::new(pacing).layer(caller as TenantKey), costly);
+        let ok = spin(&svc, callers, Duration::from_secs(12), Duration::from_secs(2)).await;
+        settle().await;
+        ok as f64 / 10.0
+    }
+    let paced = PacingConfig { max_hold: Duration::from_secs(2) };
+    let base = served(4, paced).await;
+    let storm = served(192, paced).await;
+    let unpaced = served(192, PacingConfig::OFF).await;
+    println!("served/s: 4 callers {base:.0}, 192 paced {storm:.0}, 192 unpaced {unpaced:.0}");
+    assert!(base > 80.0, "4 callers keep the service busy: {base:.0}/s of 100");
+    assert!(storm >= 0.8 * base, "192 spinning callers, paced: {storm:.0}/s against {base:.0}/s at 4");
+    assert!(unpaced < 0.65 * base, "the control: unpaced, the storm takes the CPU ({unpaced:.0}/s)");
 }

@@ -103,6 +103,27 @@ fn cpu_meter(given: Option<f64>) -> Option<Arc<dyn CpuMeter>> {
     Some(Arc::new(CgroupMeter { account, cores }))
 }
 
+/// The caller the refusal pacer tells apart (`breakwater_admission::RetryPacing`): the verified
+/// user, or for a request without a valid token the client's address (its /64 for IPv6, as the
+/// IP throttle buckets it; behind `trusted_proxies` proxies the one they saw). Never the
+/// connection: behind a load balancer one connection carries many callers.
+pub fn caller_key<B>(trusted_proxies: usize) -> impl Fn(&Request<B>) -> Option<u64> + Clone + Send + Sync + 'static {
+    move |req: &Request<B>| {
+        use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+        let mut h =
+            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().build_hasher();
+        match req.extensions().get::<Verified>() {
+            Some(Verified(Ok(auth))) => (auth.tenant.0, auth.user.0).hash(&mut h),
+            _ => {
+                let peer = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0);
+                let ip = crate::throttle_layer::client_ip(req.headers(), peer, trusted_proxies);
+                crate::throttle::ip_bucket(ip).hash(&mut h);
+            }
+        }
+        Some(h.finish())
+    }
+}
+
 /// The route classes, by index in the configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct Classes {

@@ -219,12 +219,12 @@ pub struct Config {
     /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
     #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]
     pub listen_backlog: u32,
-    /// The longest an admission refusal is held, in milliseconds, for a caller that came back on
-    /// the same connection before the previous refusal's `Retry-After`: a caller that ignores it is
-    /// slowed to one refusal per `Retry-After` on a timer instead of spending the CPU on
-    /// refusals. 0: never hold. Off whatever its value behind proxies (`TRUSTED_PROXIES` > 0),
-    /// whose connections carry many clients.
-    #[arg(long, env = "RETRY_HOLD_MAX_MS", default_value_t = 1_000)]
+    /// The longest an early refusal is held, in milliseconds. A refusal is early when its caller
+    /// (the verified user, or the client's address without a valid token) came back before the
+    /// `Retry-After` of its last refusal; it is then held until that time, on a timer, so a
+    /// caller that ignores `Retry-After` gets one refusal per `Retry-After` instead of spending
+    /// the CPU on refusals. 0: never hold.
+    #[arg(long, env = "RETRY_HOLD_MAX_MS", default_value_t = 2_000)]
     pub retry_hold_max_ms: u64,
     /// How long an idle keep-alive connection is kept, in seconds. Must exceed the load
     /// balancer's idle timeout (an ALB's is 60 s): a server that closes first causes resets.
@@ -395,10 +395,10 @@ impl Config {
         Duration::from_millis(self.body_read_timeout_ms)
     }
 
-    /// The longest hold of a refusal for an early caller; zero behind proxies (see the field).
+    /// The refusal pacer's settings.
     #[must_use]
-    pub fn retry_hold_max(&self) -> Duration {
-        if self.throttle.trusted_proxies > 0 { Duration::ZERO } else { Duration::from_millis(self.retry_hold_max_ms) }
+    pub fn pacing(&self) -> breakwater_admission::PacingConfig {
+        breakwater_admission::PacingConfig { max_hold: Duration::from_millis(self.retry_hold_max_ms) }
     }
 
     /// Handler timeout.

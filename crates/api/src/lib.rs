@@ -4,9 +4,10 @@
 //!
 //! ```text
 //! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
-//!   -> a refusal to a caller back before its Retry-After is held till then     retry_hold.rs
 //!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
 //!   -> token verified once (its tenant keys admission; forged: one anonymous key)  auth.rs
+//!   -> refusals to callers back before their Retry-After paced     breakwater_admission
+//!   -> a bucket still refusing from an earlier 429: 429 again, before admission throttle/ahead.rs
 //!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here
@@ -32,7 +33,6 @@ pub mod openapi;
 pub mod permissions;
 pub mod queue_stats;
 pub mod redis;
-pub mod retry_hold;
 mod routes;
 pub mod server;
 pub mod state;
@@ -151,8 +151,12 @@ pub fn app(
     let body = body::BodyLayer(state.body.clone());
     let keys = state.jwt.clone();
     let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
+    let pacing = state.pacing.layer(admission::caller_key::<Body>(state.config.throttle.trusted_proxies));
+    let throttles = state.throttles.clone();
+    let trusted_proxies = state.config.throttle.trusted_proxies;
     let admitted = admission.layer(router(state).into_service::<Body>()).map_response(|r| r.map(Body::new));
-    let verified = admitted.map_request(move |req| auth::verify_request(&keys, req));
+    let throttled = throttle::ahead::ThrottledAhead::new(admitted, throttles, trusted_proxies);
+    let verified = pacing.layer(throttled).map_request(move |req| auth::verify_request(&keys, req));
     body.layer(verified)
 }
 
@@ -257,7 +261,6 @@ pub async fn start_with_pool(
         keep_alive_timeout: state.config.keep_alive_timeout(),
         header_read_timeout: state.config.header_read_timeout(),
         shutdown_grace: state.config.shutdown_grace(),
-        retry_hold_max: state.config.retry_hold_max(),
         write_stall_timeout: state.config.write_stall_timeout(),
     };
     let shutdown = CancellationToken::new();

@@ -148,7 +148,8 @@ struct LiveSeries {
     connections_refused: Counter,
     connections_reset: Counter,
     connections_accept_paced: Counter,
-    connections_refusals_held: Counter,
+    retry_early: Counter,
+    retry_held: Counter,
     body_timed_out: Counter,
     bulkhead_size: Gauge,
     bulkhead_in_use: Gauge,
@@ -161,6 +162,7 @@ struct LiveSeries {
     throttle_fallback_checks: Counter,
     throttle_redis_errors: Counter,
     throttle_refused: Family<KindLabel, Counter>,
+    throttle_refused_ahead: Counter,
     admission_limit: Family<ClassLabel, Gauge>,
     admission_in_flight: Family<ClassLabel, Gauge>,
     admission_queue_depth: Family<ClassLabel, Gauge>,
@@ -236,9 +238,14 @@ impl Metrics {
             g.connections_accept_paced.clone(),
         );
         registry.register(
-            "connections_refusals_held",
-            "Refusals held until the previous refusal's Retry-After, for callers that came back early",
-            g.connections_refusals_held.clone(),
+            "retry_early",
+            "Refusals to callers that came back before their last refusal's Retry-After",
+            g.retry_early.clone(),
+        );
+        registry.register(
+            "retry_held",
+            "Of those, refusals held until the Retry-After their caller was given",
+            g.retry_held.clone(),
         );
         registry.register(
             "body_timed_out",
@@ -272,6 +279,11 @@ impl Metrics {
             g.throttle_redis_errors.clone(),
         );
         registry.register("throttle_refused", "Requests refused by throttle bucket kind", g.throttle_refused.clone());
+        registry.register(
+            "throttle_refused_ahead",
+            "Of those, answered before admission: the bucket was still refusing from an earlier 429",
+            g.throttle_refused_ahead.clone(),
+        );
         registry.register(
             "admission_limit",
             "Admission in-flight limit now, per route class",
@@ -365,7 +377,9 @@ impl Metrics {
         advance(&g.connections_refused, state.connections.refused());
         advance(&g.connections_reset, state.connections.reset());
         advance(&g.connections_accept_paced, state.connections.paced());
-        advance(&g.connections_refusals_held, state.connections.refusals_held());
+        let pacing = state.pacing.snapshot();
+        advance(&g.retry_early, pacing.early_total);
+        advance(&g.retry_held, pacing.held_total);
         advance(&g.body_timed_out, state.body.status().timed_out);
         let b = state.bulkhead.status();
         g.bulkhead_size.set(usize_i64(b.size));
@@ -382,6 +396,7 @@ impl Metrics {
         for (kind, n) in [("tenant", t.refused.tenant), ("user", t.refused.user), ("ip", t.refused.ip)] {
             advance(&g.throttle_refused.get_or_create(&KindLabel { kind }), n);
         }
+        advance(&g.throttle_refused_ahead, t.refused_ahead);
         let admission = state.admission.snapshot();
         g.admission_cpu_utilization.set(admission.cpu.as_ref().map_or(-1.0, |c| c.utilization));
         g.admission_cpu_gate_shut.set(admission.cpu.as_ref().map_or(-1, |c| i64::from(c.shut)));

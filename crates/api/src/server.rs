@@ -45,7 +45,6 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::admission::BYPASS;
-use crate::retry_hold::RetryHold;
 use crate::throttle::gcra::{self, Limit};
 
 /// What happens to a connection that arrives while `MAX_CONNECTIONS` are open.
@@ -73,7 +72,6 @@ pub struct Connections {
     served_over_cap: AtomicU64,
     accept_rate: Option<Limit>,
     paced: AtomicU64,
-    refusals_held: Arc<AtomicU64>,
     write_stalls: AtomicU64,
 }
 
@@ -93,7 +91,6 @@ impl Connections {
             served_over_cap: AtomicU64::new(0),
             accept_rate: None,
             paced: AtomicU64::new(0),
-            refusals_held: Arc::new(AtomicU64::new(0)),
             write_stalls: AtomicU64::new(0),
         }
     }
@@ -117,13 +114,6 @@ impl Connections {
     #[must_use]
     pub fn paced(&self) -> u64 {
         self.paced.load(Ordering::Relaxed)
-    }
-
-    /// Refusals held because their caller came back before the previous one's `Retry-After`
-    /// (`retry_hold.rs`), since start.
-    #[must_use]
-    pub fn refusals_held(&self) -> u64 {
-        self.refusals_held.load(Ordering::Relaxed)
     }
 
     /// Connections closed because the client stopped reading its response for longer than
@@ -204,9 +194,6 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get after shutdown begins.
     pub shutdown_grace: Duration,
-    /// The longest a refusal is held for a caller that came back before its `Retry-After`
-    /// (`retry_hold.rs`); zero: never.
-    pub retry_hold_max: Duration,
     /// The longest a response may go without one byte written (the client not reading) before
     /// the connection is closed.
     pub write_stall_timeout: Duration,
@@ -417,7 +404,7 @@ impl<S: HttpService> Edge<S> {
         let track = Arc::new(ConnTrack::new());
         let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
         let on_request = track.clone();
-        let app = RetryHold::new(self.app.clone(), self.options.retry_hold_max, self.connections.refusals_held.clone());
+        let app = self.app.clone();
         let service = TowerToHyperService::new(app.map_request(move |mut req: Request<hyper::body::Incoming>| {
             // Off under the default filter. The reliability suite turns it on to tell a request
             // the server read from one it never saw (the keep-alive close race).

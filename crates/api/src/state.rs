@@ -28,6 +28,8 @@ pub struct AppState {
     pub shutting_down: Arc<AtomicBool>,
     /// Admission control (shared by every connection).
     pub admission: breakwater_admission::Admission,
+    /// Paces refusals to callers that came back before their `Retry-After`.
+    pub pacing: breakwater_admission::RetryPacing,
     /// Its route classes.
     pub classes: crate::admission::Classes,
     /// The request body's cap and read timeout, with what they refused.
@@ -55,6 +57,7 @@ impl AppState {
         let (admission, classes) = config.admission.build()?;
         Ok(Self {
             admission,
+            pacing: breakwater_admission::RetryPacing::new(config.pacing()),
             classes,
             body: Arc::new(crate::body::BodyIntake::new(config.body_limit_bytes, config.body_read_timeout())),
             bulkhead: Arc::new(Bulkhead::new(config.db.db_pool_size as usize, config.db.acquire_timeout())),

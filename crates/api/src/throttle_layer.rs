@@ -88,13 +88,16 @@ pub(crate) async fn throttle(State(state): State<AppState>, mut req: Request, ne
             insert_rate_headers(response.headers_mut(), kind.as_str(), limit, remaining, reset_us);
             response
         }
-        Decision::Refused { kind, limit, retry_after_us } => {
-            let retry_after = ceil_secs(retry_after_us).max(1);
-            let mut response = ApiError::RateLimited { kind: kind.as_str(), retry_after }.into_response();
-            insert_rate_headers(response.headers_mut(), kind.as_str(), limit, 0, retry_after_us);
-            response
-        }
+        Decision::Refused { kind, limit, retry_after_us } => refused(kind, limit, retry_after_us),
     }
+}
+
+/// The 429 of a bucket that ran out: the envelope, `Retry-After` and the `RateLimit` headers.
+pub(crate) fn refused(kind: crate::throttle::KeyKind, limit: Limit, retry_after_us: i64) -> Response<Body> {
+    let retry_after = ceil_secs(retry_after_us).max(1);
+    let mut response = ApiError::RateLimited { kind: kind.as_str(), retry_after }.into_response();
+    insert_rate_headers(response.headers_mut(), kind.as_str(), limit, 0, retry_after_us);
+    response
 }
 
 #[cfg(test)]

@@ -104,93 +104,93 @@ async fn a_body_sent_slowly_within_the_timeout_is_served(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn a_caller_back_before_its_retry_after_is_held_and_one_that_waits_is_not(pool: PgPool) {
+async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_waits_is_not(pool: PgPool) {
     // One admission slot per class and no queue: while a slow request holds the default class's
-    // slot, every other request of the class is refused at once (503 load_shed, Retry-After).
+    // slot, every other request of the class is refused at once (503 load_shed, Retry-After: 1).
     let app = common::spawn_with(
         pool.clone(),
-        &[
-            "--admission",
-            "static",
-            "--admission-static-limit",
-            "1",
-            "--admission-queue",
-            "0",
-            "--retry-hold-max-ms",
-            "1000",
-        ],
+        &["--admission", "static", "--admission-static-limit", "1", "--admission-queue", "0"],
     )
     .await;
     let t = common::tenant(&pool, "Acme").await;
+    let other = common::tenant(&pool, "Other").await;
     let ann = t.contact(&app, "Ann", "ann@example.com").await;
     let blocker = common::lock_contacts(&pool, &[ann]).await;
     let slow = common::erase_in_background(&app, &t.token, ann);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let url = app.url(&format!("/v1/contacts/{ann}"));
-    // Each client keeps one kept-alive connection: the caller the hold remembers.
-    let client = || reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
-    let (spinner, other) = (client(), client());
-    let timed = |c: &reqwest::Client| {
-        let req = c.get(&url).bearer_auth(&t.token);
+    // Separate clients, so that the caller is told apart by its token, not its connection.
+    let timed = |token: &str| {
+        let req = reqwest::Client::new().get(&url).bearer_auth(token);
         async move {
             let started = Instant::now();
             let r = req.send().await.expect("sent");
-            let code = r.headers().get("retry-after").is_some();
-            (r.status(), code, started.elapsed())
+            let retry_after = r.headers().get("retry-after").is_some();
+            (r.status(), retry_after, started.elapsed())
         }
     };
-    let (status, has_retry_after, took) = timed(&spinner).await;
+    let (status, has_retry_after, took) = timed(&t.token).await;
     assert_eq!((status, has_retry_after), (StatusCode::SERVICE_UNAVAILABLE, true));
-    assert!(took < Duration::from_millis(300), "the first refusal is answered at once: {took:?}");
+    assert!(took < Duration::from_millis(300), "a first refusal is answered at once: {took:?}");
     let refused_at = Instant::now();
 
-    // Another connection of the same tenant is not held for the first one's haste.
-    let (status, _, took) = timed(&other).await;
+    // Another caller is refused at once: it was told nothing yet.
+    let (status, _, took) = timed(&other.token).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(took < Duration::from_millis(300), "another caller is refused at once: {took:?}");
+    assert!(took < Duration::from_millis(300), "another caller is not held: {took:?}");
 
-    // Straight back, ignoring Retry-After: refused again, but only once the second has passed.
-    let (status, _, took) = timed(&spinner).await;
+    // Straight back on a new connection, ignoring Retry-After: refused again, once the second
+    // has passed.
+    let (status, _, took) = timed(&t.token).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(took >= Duration::from_millis(600), "an early caller's refusal is held: {took:?}");
-    assert!(
-        refused_at.elapsed() >= Duration::from_millis(950),
-        "held till the Retry-After: {:?}",
-        refused_at.elapsed()
-    );
+    assert!(took >= Duration::from_millis(500), "an early caller's refusal is held: {took:?}");
+    assert!(refused_at.elapsed() >= Duration::from_millis(950), "till the Retry-After: {:?}", refused_at.elapsed());
+    assert!(took < Duration::from_millis(1500), "and no longer: {took:?}");
 
     // A caller that waits out its Retry-After, once there is room, is answered at once.
     drop(blocker);
     assert_eq!(slow.await.expect("joined").expect("sent"), StatusCode::ACCEPTED);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (status, _, took) = timed(&spinner).await;
+    let (status, _, took) = timed(&t.token).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the contact is erased; the request was served");
     assert!(took < Duration::from_millis(300), "a caller that waited is not held: {took:?}");
 
     let status = app.ops("/v1/ops/status").await;
-    assert_eq!(status.body["layers"]["connections"]["refusals_held"], 1, "{}", status.text);
+    let pacing = &status.body["layers"]["retry_pacing"];
+    assert_eq!((pacing["early_total"].as_u64(), pacing["held_total"].as_u64()), (Some(1), Some(1)), "{}", status.text);
 }
 
+/// A 429 made inside an admitted request still carries its admission slot and is never held. Once
+/// the bucket is known to refuse, the throttles answer before admission with a 429 that holds
+/// nothing, and that one is held like admission's own refusals for a caller that spins on it.
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn a_throttle_refusal_is_not_held_because_it_still_carries_its_admission_slot(pool: PgPool) {
-    let app = common::spawn_with(
-        pool.clone(),
-        &["--throttle-user-rate", "1", "--throttle-user-burst", "1", "--retry-hold-max-ms", "1000"],
-    )
-    .await;
+async fn a_throttle_refusal_is_held_only_when_it_holds_nothing(pool: PgPool) {
+    let app = common::spawn_with(pool.clone(), &["--throttle-user-rate", "1", "--throttle-user-burst", "1"]).await;
     let t = common::tenant(&pool, "Acme").await;
-    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+    let spinner = reqwest::Client::new();
     let url = app.url("/v1/conversations?status=open");
-    assert_eq!(spinner.get(&url).bearer_auth(&t.token).send().await.expect("sent").status(), StatusCode::OK);
-    for _ in 0..3 {
-        let started = Instant::now();
-        let r = spinner.get(&url).bearer_auth(&t.token).send().await.expect("sent");
-        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert!(started.elapsed() < Duration::from_millis(300), "a 429 is not held: {:?}", started.elapsed());
-    }
+    let timed = || {
+        let req = spinner.get(&url).bearer_auth(&t.token);
+        async move {
+            let started = Instant::now();
+            let status = req.send().await.expect("sent").status();
+            (status, started.elapsed())
+        }
+    };
+    assert_eq!(timed().await.0, StatusCode::OK, "the burst");
+    let (status, took) = timed().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "from Redis, inside the admitted request");
+    assert!(took < Duration::from_millis(300), "a 429 holding a slot is not held: {took:?}");
+    let (status, took) = timed().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "answered ahead of admission");
+    assert!(took < Duration::from_millis(300), "the pacer had told this caller nothing yet: {took:?}");
+    let (status, took) = timed().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(took >= Duration::from_millis(500), "straight back: held till its Retry-After: {took:?}");
     let status = app.ops("/v1/ops/status").await;
-    assert_eq!(status.body["layers"]["connections"]["refusals_held"], 0, "{}", status.text);
+    assert_eq!(status.body["layers"]["retry_pacing"]["held_total"], 1, "{}", status.text);
+    assert_eq!(status.body["layers"]["throttles"]["refused_ahead"], 2, "{}", status.text);
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]

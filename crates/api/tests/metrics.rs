@@ -147,8 +147,10 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
     assert_eq!(value(&m, "breakwater_admission_limit", &default), Some(1.0));
     assert_eq!(value(&m, "breakwater_admission_in_flight", &default), Some(0.0));
     assert_eq!(value(&m, "breakwater_admission_queue_depth", &default), Some(0.0));
-    // Five reads by the agent and the erasure were admitted; the admin's four reads were shed.
-    assert_eq!(value(&m, "breakwater_admission_admitted_total", &default), Some(6.0));
+    // Four reads by the agent and the erasure were admitted (the agent's fifth was answered by
+    // the throttles before admission: its bucket was known to refuse); the admin's four reads
+    // were shed.
+    assert_eq!(value(&m, "breakwater_admission_admitted_total", &default), Some(5.0));
     assert_eq!(
         value(&m, "breakwater_admission_shed_total", &[("class", "default"), ("reason", "queue_full")]),
         Some(shed.into())
@@ -157,15 +159,17 @@ async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: 
         value(&m, "breakwater_admission_shed_total", &[("class", "default"), ("reason", "queue_timeout")]),
         Some(0.0)
     );
-    // The throttles saw what admission let through, and refused the agent's last two.
-    assert_eq!(value(&m, "breakwater_throttle_checks_total", &[]), Some(6.0));
+    // The throttles checked what admission let through, and refused the agent's last two: the
+    // first from Redis, the second ahead of admission.
+    assert_eq!(value(&m, "breakwater_throttle_checks_total", &[]), Some(5.0));
     assert_eq!(value(&m, "breakwater_throttle_refused_total", &[("kind", "user")]), Some(2.0));
+    assert_eq!(value(&m, "breakwater_throttle_refused_ahead_total", &[]), Some(1.0));
     assert_eq!(value(&m, "breakwater_throttle_refused_total", &[("kind", "tenant")]), Some(0.0));
     assert_eq!(value(&m, "breakwater_throttle_degraded", &[]), Some(0.0));
     // Requests by route and outcome: shed ones never reached the router.
     let route = |outcome| [("route", "/v1/contacts/{id}"), ("method", "GET"), ("outcome", outcome)];
     assert_eq!(value(&m, "breakwater_http_requests_total", &route("ok")), Some(3.0));
-    assert_eq!(value(&m, "breakwater_http_requests_total", &route("refused")), Some(2.0));
+    assert_eq!(value(&m, "breakwater_http_requests_total", &route("refused")), Some(1.0));
     assert_eq!(value(&m, "breakwater_http_request_duration_seconds_count", &route("ok")), Some(3.0));
     // The bulkhead and the pool: three slots, none held now, nobody refused.
     assert_eq!(value(&m, "breakwater_bulkhead_slots", &[]), Some(3.0));

@@ -13,9 +13,9 @@ use sqlx::PgPool;
 
 /// The Load Lab report's arithmetic: a client with rate r and burst b hammering for t seconds is
 /// admitted exactly b + floor(r * t) times, here across two API processes sharing one Redis.
-/// The app, with the retry hold off: these tests count what the buckets admit to a caller that
-/// spins on its refusals, and the hold (`retry_hold.rs`, tested in `hostile_clients.rs`) would
-/// slow that caller to one refusal per `Retry-After`.
+/// The app, with refusal pacing off: these tests count what the buckets admit to a caller that
+/// spins on its refusals, and the pacer (`breakwater_admission::RetryPacing`, tested in
+/// `hostile_clients.rs`) would hold that caller's refusals until their `Retry-After`.
 async fn spawn_unheld(pool: PgPool, extra: &[&str]) -> common::TestApp {
     let mut args = extra.to_vec();
     args.extend(["--retry-hold-max-ms", "0"]);
@@ -91,12 +91,15 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
     assert_eq!(status.body["layers"]["throttles"]["refused"]["tenant"], 3);
     assert_eq!(status.body["layers"]["throttles"]["tenant_overrides"], 1);
 
-    // The same figures on /metrics; a deliberate 429 counts as refused, not as an error.
+    // The same figures on /metrics; a deliberate 429 counts as refused, not as an error. The
+    // first 429 came from Redis inside the routed request; the bucket was still refusing for the
+    // next two, which were answered before admission and routing (counted by the throttles only).
     let metrics = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
     for line in [
-        r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="refused"} 3"#,
+        r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="refused"} 1"#,
         r#"breakwater_http_requests_total{route="/v1/contacts",method="GET",outcome="ok"} 7"#,
         r#"breakwater_throttle_refused_total{kind="tenant"} 3"#,
+        "breakwater_throttle_refused_ahead_total 2",
         "breakwater_bulkhead_slots 10",
         "breakwater_throttle_degraded 0",
     ] {
@@ -307,4 +310,54 @@ async fn pool_exhaustion_is_a_fast_503_not_a_timeout(pool: PgPool) {
         assert_eq!(task.await.expect("task").expect("response"), StatusCode::ACCEPTED);
     }
     assert_eq!(app.post("/v1/contacts", &t.token, json!({"name": "after"})).await.status, StatusCode::CREATED);
+}
+
+/// Who is refused first: a tenant over its own limit hears 429 `rate_limited`, not the 503 of a
+/// full service, even while admission has no room; and another tenant is served once there is.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_tenant_over_its_throttle_hears_429_before_admission_and_another_tenant_is_served(pool: PgPool) {
+    // One admission slot per class and no queue; the flooding tenant's bucket admits one request
+    // and then one every ten seconds.
+    let app = spawn_unheld(
+        pool.clone(),
+        &["--admission", "static", "--admission-static-limit", "1", "--admission-queue", "0"],
+    )
+    .await;
+    let flooder = tenant(&pool, "Flood").await;
+    let quiet = tenant(&pool, "Quiet").await;
+    let third = tenant(&pool, "Third").await;
+    tenants::set_throttle_override(&pool, flooder.id, Some((0.1, 1))).await.expect("override");
+    app.running.state.throttles.refresh_overrides(&pool).await.expect("refresh");
+    let ann = quiet.contact(&app, "Ann", "ann@example.com").await;
+    let path = "/v1/conversations?status=open";
+    assert_eq!(app.get(path, &flooder.token).await.status, StatusCode::OK, "the burst");
+    let over = app.get(path, &flooder.token).await;
+    assert_eq!((over.status, over.code()), (StatusCode::TOO_MANY_REQUESTS, "rate_limited"), "{}", over.text);
+
+    // Another tenant's slow request takes the default class's only slot.
+    let blocker = common::lock_contacts(&pool, &[ann]).await;
+    let slow = common::erase_in_background(&app, &quiet.token, ann);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let full = app.get(&format!("/v1/contacts/{ann}"), &third.token).await;
+    assert_eq!((full.status, full.code()), (StatusCode::SERVICE_UNAVAILABLE, "load_shed"), "the class is full");
+
+    // The flooder, on the same full class, is told it is over its limit: answered before
+    // admission, with the RateLimit headers and a Retry-After within its bucket's ten seconds.
+    for _ in 0..20 {
+        let r = app.get(&format!("/v1/contacts/{ann}"), &flooder.token).await;
+        assert_eq!((r.status, r.code()), (StatusCode::TOO_MANY_REQUESTS, "rate_limited"), "{}", r.text);
+        let retry: u64 = r.headers["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+        assert!((1..=10).contains(&retry), "Retry-After {retry}");
+        assert!(r.headers["ratelimit"].to_str().expect("ascii").contains("\"tenant\";r=0"));
+    }
+    drop(blocker);
+    assert_eq!(slow.await.expect("joined").expect("sent"), StatusCode::ACCEPTED);
+    assert_eq!(app.get(path, &third.token).await.status, StatusCode::OK, "the other tenant is served");
+
+    let status = app.ops("/v1/ops/status").await;
+    let throttles = &status.body["layers"]["throttles"];
+    assert_eq!(throttles["refused"]["tenant"], 21, "{}", status.text);
+    assert_eq!(throttles["refused_ahead"], 20, "every refusal after the first is answered ahead: {}", status.text);
+    let shed = &status.body["layers"]["capacity"]["shed"];
+    assert_eq!(shed["queue_full"], 1, "admission refused only the third tenant: {}", status.text);
 }

@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// A step whose send lag p99 exceeds this is generator-limited.
     pub max_send_lag_ms: f64,
     pub timeout: Duration,
+    /// Arrivals honour `Retry-After` as this policy says (`None`: a refusal ends the arrival, as
+    /// for a client that ignores it and moves on to its next request).
+    pub honour: Option<crate::retry::RetryPolicy>,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +72,7 @@ impl Default for EngineConfig {
             max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
             max_send_lag_ms: 10.0,
             timeout: Duration::from_secs(10),
+            honour: None,
         }
     }
 }
@@ -110,9 +114,44 @@ pub struct StepCtx {
     peak: AtomicU64,
     cap: Option<Arc<Semaphore>>,
     cap_waits: AtomicU64,
+    honour: Option<crate::retry::Honouring>,
 }
 
 impl StepCtx {
+    /// One logical request: a single attempt, or with a retry policy, attempts until one is
+    /// answered, the policy gives up, or an error ends it. Each attempt is recorded as a request;
+    /// the logical request's attempts and time to success are recorded apart.
+    pub async fn call(&self, intended: Instant, req: Req, rng: &mut impl rand::Rng) -> (Outcome, Option<Reply>) {
+        let Some(honour) = &self.honour else {
+            return self.request(intended, req).await;
+        };
+        let mut attempts = 0;
+        let mut when = intended;
+        loop {
+            attempts += 1;
+            let (outcome, reply) = self.request(when, req.clone()).await;
+            match &outcome {
+                Outcome::Ok => {
+                    honour.succeeded(attempts, intended);
+                    return (outcome, reply);
+                }
+                Outcome::Refused { .. } => {
+                    let header = reply.as_ref().and_then(|r| crate::retry::header_retry_after(&r.headers));
+                    let Some(wait) = honour.retry_after(attempts, header, rng) else {
+                        honour.gave_up(attempts);
+                        return (outcome, reply);
+                    };
+                    tokio::time::sleep(wait).await;
+                    when = Instant::now();
+                }
+                Outcome::Error { .. } => {
+                    honour.gave_up(attempts);
+                    return (outcome, reply);
+                }
+            }
+        }
+    }
+
     /// Sends one request (after waiting for a slot, if a cap is set), classifies and records
     /// it. Latency is measured from `intended`, and also from the actual send.
     pub async fn request(&self, intended: Instant, req: Req) -> (Outcome, Option<Reply>) {
@@ -194,6 +233,7 @@ impl Engine {
             peak: AtomicU64::new(0),
             cap: cap.map(|c| Arc::new(Semaphore::new(c))),
             cap_waits: AtomicU64::new(0),
+            honour: self.cfg.honour.map(crate::retry::Honouring::new),
         });
         Begun { ctx, start: Instant::now(), cpu0: procstat::cpu_seconds(None), conns0: self.http.connections_opened() }
     }
@@ -430,6 +470,7 @@ impl Engine {
             endpoints: rec.endpoint_stats(),
             audit,
             server,
+            logical: ctx.honour.as_ref().map(crate::retry::Honouring::report),
         }
     }
 

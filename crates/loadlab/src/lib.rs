@@ -21,6 +21,7 @@ pub mod html;
 pub mod procstat;
 pub mod profiles;
 pub mod report;
+pub mod retry;
 pub mod runs;
 pub mod sampler;
 pub mod schedule;

@@ -103,6 +103,10 @@ pub struct StepReport {
     /// Mean, max and last of every server-side series sampled during the step.
     #[serde(default)]
     pub server: BTreeMap<String, SeriesSummary>,
+    /// The logical requests, when the population honoured `Retry-After` (each refused attempt
+    /// retried by the policy): attempts per success and time to success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical: Option<crate::retry::LogicalReport>,
 }
 
 /// The generator checking itself: a step where the generator, not the server, was the limit
@@ -275,6 +279,19 @@ impl Report {
             if !s.errors.by_kind.is_empty() {
                 let kinds: Vec<String> = s.errors.by_kind.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let _ = writeln!(out, "{:<14} errors: {}", "", kinds.join(" "));
+            }
+            if let Some(l) = &s.logical {
+                let _ = writeln!(
+                    out,
+                    "{:<14} honouring Retry-After: {} requests, {} succeeded, {} gave up, {:.2} attempts per success, time to success p50 {} p99 {}",
+                    "",
+                    l.requests,
+                    l.succeeded,
+                    l.gave_up,
+                    l.attempts_per_success,
+                    ms(l.time_to_success.p50_ms),
+                    ms(l.time_to_success.p99_ms)
+                );
             }
             if let Some(h) = &s.audit.littles_law.hidden_queueing {
                 let _ = writeln!(out, "{:<14} little's law: {h}", "");

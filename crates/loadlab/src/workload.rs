@@ -30,11 +30,12 @@ impl Workload for Urls {
             let Some(url) = self.urls.get(usize::try_from(a.n % self.urls.len().max(1) as u64).unwrap_or(0)) else {
                 return;
             };
+            let mut rng = rng_for(&a);
             let mut req = Req::get(url.clone(), "url");
             if !a.step.tokens.is_empty() {
-                req.tenant = a.step.tokens.pick(&mut rng_for(&a)).map(|(i, _)| i);
+                req.tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
             }
-            a.step.request(a.intended, req).await;
+            a.step.call(a.intended, req, &mut rng).await;
         })
     }
 }
@@ -58,7 +59,7 @@ impl Workload for Readers {
             let mut req = Req::get(uri, endpoint);
             req.tenant = tenant;
             req.expect_json = true;
-            a.step.request(a.intended, req).await;
+            a.step.call(a.intended, req, &mut rng).await;
         })
     }
 }

@@ -250,3 +250,90 @@ pub fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
     let i = ((xs.len() as f64 - 1.0) * p).round() as usize;
     xs[i]
 }
+
+impl SimService {
+    /// Takes one CPU for `ms` milliseconds: work done before admission decides (parsing,
+    /// routing, the refusal itself), which refused requests cost too.
+    pub async fn charge(&self, ms: u64) {
+        if let Ok(_permit) = self.cpu.acquire().await {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
+
+/// Charges every arrival `ms` of the simulated CPU before the inner service sees it, so that
+/// refusals cost what they cost a real process: a closed loop that spins on them takes the CPU
+/// from admitted work.
+#[derive(Clone)]
+pub struct ArrivalCost<S> {
+    pub inner: S,
+    pub sim: SimService,
+    pub ms: u64,
+}
+
+impl<S> Service<Request<Body>> for ArrivalCost<S>
+where
+    S: Service<Request<Body>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let (inner, sim, ms) = (self.inner.clone(), self.sim.clone(), self.ms);
+        Box::pin(async move {
+            sim.charge(ms).await;
+            inner.oneshot(req).await
+        })
+    }
+}
+
+/// `callers` closed-loop callers that ignore `Retry-After`: each sends its next request as soon
+/// as the last is answered, for `duration`. All of them one caller and one tenant, like one
+/// token's worth of k6 VUs. Returns the 200s answered at or after `from`.
+pub async fn spin<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> usize
+where
+    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug + Send,
+{
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..callers {
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let mut ok = 0;
+            while start.elapsed() < duration {
+                let req = Request::builder()
+                    .uri("/")
+                    .header("x-tenant", "1")
+                    .header("x-caller", "1")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap_or_default();
+                let Ok(res) = svc.clone().oneshot(req).await else { panic!("service failed") };
+                let status = res.status();
+                let _ = res.into_body().collect().await;
+                if status == http::StatusCode::OK && start.elapsed() >= from {
+                    ok += 1;
+                }
+            }
+            ok
+        });
+    }
+    let mut ok = 0;
+    while let Some(n) = tasks.join_next().await {
+        ok += n.unwrap_or(0);
+    }
+    ok
+}
+
+pub fn caller(req: &Request<Body>) -> Option<u64> {
+    req.headers().get("x-caller").and_then(|v| v.to_str().ok()?.parse().ok())
+}

@@ -38,6 +38,9 @@ pub(crate) struct Layers {
     /// Admission control: the adaptive limit, in-flight, queue, sheds, per class.
     #[schema(value_type = Object)]
     capacity: breakwater_admission::Snapshot,
+    /// Refusals to callers back before their `Retry-After`: the budget, and how many waited.
+    #[schema(value_type = Object)]
+    retry_pacing: breakwater_admission::PacingSnapshot,
     /// Per-tenant, per-user and per-IP throttles.
     throttles: crate::throttle::ThrottleStatus,
     /// Slots for database work (a request without one in time gets 503 `db_saturated`).
@@ -90,10 +93,6 @@ pub(crate) struct Connections {
     accept_rate: Option<crate::throttle::gcra::Limit>,
     /// Times the accept loop paused for `accept_rate`, since start.
     accept_paced: u64,
-    /// The longest a refusal is held for a caller back before its `Retry-After`, ms (0: off).
-    retry_hold_max_ms: u64,
-    /// Refusals held so, since start.
-    refusals_held: u64,
     /// The listen socket's backlog as configured (the kernel caps it at `net.core.somaxconn`).
     listen_backlog: u32,
     /// Idle keep-alive timeout, seconds (longer than the load balancer's).
@@ -165,8 +164,6 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 served_over_cap: state.connections.served_over_cap(),
                 accept_rate: state.connections.accept_rate(),
                 accept_paced: state.connections.paced(),
-                retry_hold_max_ms: u64::try_from(cfg.retry_hold_max().as_millis()).unwrap_or(u64::MAX),
-                refusals_held: state.connections.refusals_held(),
                 listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,
@@ -176,6 +173,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             },
             body: state.body.status(),
             capacity: state.admission.snapshot(),
+            retry_pacing: state.pacing.snapshot(),
             throttles: state.throttles.status(),
             bulkhead: state.bulkhead.status(),
             pool: Pool {

@@ -15,7 +15,14 @@
 //!
 //! Known approximation: when the IP bucket refuses but the tenant and user buckets admitted
 //! (two calls, two slots), those two buckets have been charged for a refused request.
+//!
+//! A bucket that refused stays refusing until its retry-after: GCRA's theoretical arrival time
+//! only moves forward, on every task. Each process remembers those refusals (the mirror), and
+//! [`ahead`] answers a request whose bucket is still refusing with its 429 before admission, so
+//! a tenant over its own limit is told so before it can take a shared slot or queue place, and
+//! without a Redis round trip.
 
+pub mod ahead;
 mod breaker;
 pub mod gcra;
 
@@ -113,6 +120,24 @@ pub struct ThrottleSettings {
     pub key_prefix: String,
 }
 
+/// A bucket the mirror remembers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum MirrorKey {
+    Tenant(TenantId),
+    User(TenantId, UserId),
+    Ip(IpAddr),
+}
+
+/// Buckets that refused, until they admit again.
+#[derive(Debug, Default)]
+struct Mirror {
+    refusing: HashMap<MirrorKey, (Instant, Limit)>,
+    inserts: u32,
+}
+
+/// Buckets the mirror holds before it drops the ones admitting again.
+const MIRROR_PRUNE_AT: usize = 4096;
+
 /// Live counters.
 #[derive(Debug, Default)]
 struct Counters {
@@ -122,6 +147,7 @@ struct Counters {
     refused_tenant: AtomicU64,
     refused_user: AtomicU64,
     refused_ip: AtomicU64,
+    refused_ahead: AtomicU64,
 }
 
 /// The throttles of one API process.
@@ -133,6 +159,7 @@ pub struct Throttles {
     breaker: Breaker,
     overrides: RwLock<HashMap<TenantId, Limit>>,
     local: Mutex<LocalBuckets>,
+    mirror: Mutex<Mirror>,
     counters: Counters,
 }
 
@@ -165,6 +192,9 @@ pub struct ThrottleStatus {
     pub breaker_opens: u64,
     /// Refusals per bucket kind.
     pub refused: RefusedTotals,
+    /// Of those, answered before admission: the bucket was still refusing from an earlier
+    /// refusal (the mirror), so neither admission nor Redis was asked.
+    pub refused_ahead: u64,
 }
 
 /// Refusals per bucket kind.
@@ -211,6 +241,7 @@ impl Throttles {
             breaker: Breaker::new(3, Duration::from_secs(1)),
             overrides: RwLock::new(HashMap::new()),
             local: Mutex::new(LocalBuckets::default()),
+            mirror: Mutex::new(Mirror::default()),
             counters: Counters::default(),
         }
     }
@@ -245,6 +276,9 @@ impl Throttles {
             return Decision::Off;
         }
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
+        // Before the call: Redis decides after this, so a refusal remembered from here never
+        // outlasts the bucket's own.
+        let asked = Instant::now();
         let limits = [(KeyKind::Tenant, self.tenant_limit(tenant)), (KeyKind::User, self.settings.limits.user)];
         let ip_limit = (KeyKind::Ip, self.settings.limits.ip);
         let p = &self.settings.key_prefix;
@@ -276,15 +310,67 @@ impl Throttles {
             self.counters.fallback_checks.fetch_add(1, Ordering::Relaxed);
             self.check_local(&keys, &limits, &ip_key, ip_limit)
         });
-        if let Decision::Refused { kind, .. } = decision {
-            let counter = match kind {
-                KeyKind::Tenant => &self.counters.refused_tenant,
-                KeyKind::User => &self.counters.refused_user,
-                KeyKind::Ip => &self.counters.refused_ip,
+        if let Decision::Refused { kind, limit, retry_after_us } = decision {
+            self.count_refusal(kind);
+            let key = match kind {
+                KeyKind::Tenant => MirrorKey::Tenant(tenant),
+                KeyKind::User => MirrorKey::User(tenant, user),
+                KeyKind::Ip => MirrorKey::Ip(ip_bucket(ip)),
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            self.remember_refusal(key, limit, asked, retry_after_us);
         }
         decision
+    }
+
+    fn count_refusal(&self, kind: KeyKind) {
+        let counter = match kind {
+            KeyKind::Tenant => &self.counters.refused_tenant,
+            KeyKind::User => &self.counters.refused_user,
+            KeyKind::Ip => &self.counters.refused_ip,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn remember_refusal(&self, key: MirrorKey, limit: Limit, asked: Instant, retry_after_us: i64) {
+        let now = Instant::now();
+        let until = asked + Duration::from_micros(u64::try_from(retry_after_us).unwrap_or(0));
+        let Ok(mut mirror) = self.mirror.lock() else { return };
+        mirror.refusing.insert(key, (until, limit));
+        mirror.inserts += 1;
+        if mirror.refusing.len() > MIRROR_PRUNE_AT && mirror.inserts as usize > mirror.refusing.len() / 2 {
+            mirror.refusing.retain(|_, (until, _)| *until > now);
+            mirror.inserts = 0;
+        }
+    }
+
+    /// The refusal a request gets before admission: one of its buckets refused earlier and does
+    /// not admit yet (the one that admits last, when several). Counted as that bucket's refusal.
+    /// `None` when every bucket may admit it (then [`Self::check`] decides, after admission).
+    pub fn refused_ahead(&self, tenant: TenantId, user: UserId, ip: IpAddr) -> Option<Decision> {
+        if !self.settings.enabled {
+            return None;
+        }
+        let now = Instant::now();
+        let found = {
+            let mirror = self.mirror.lock().ok()?;
+            if mirror.refusing.is_empty() {
+                return None;
+            }
+            [
+                (KeyKind::Tenant, MirrorKey::Tenant(tenant)),
+                (KeyKind::User, MirrorKey::User(tenant, user)),
+                (KeyKind::Ip, MirrorKey::Ip(ip_bucket(ip))),
+            ]
+            .into_iter()
+            .filter_map(|(kind, key)| mirror.refusing.get(&key).map(|(until, limit)| (kind, *until, *limit)))
+            .filter(|(_, until, _)| *until > now)
+            .max_by_key(|(_, until, _)| *until)
+        }?;
+        let (kind, until, limit) = found;
+        self.count_refusal(kind);
+        self.counters.refused_ahead.fetch_add(1, Ordering::Relaxed);
+        let retry_after_us = i64::try_from(until.saturating_duration_since(now).as_micros()).unwrap_or(i64::MAX);
+        Some(Decision::Refused { kind, limit, retry_after_us })
     }
 
     fn on_redis_failure(&self, why: &str) {
@@ -404,6 +490,7 @@ impl Throttles {
                 user: c.refused_user.load(Ordering::Relaxed),
                 ip: c.refused_ip.load(Ordering::Relaxed),
             },
+            refused_ahead: c.refused_ahead.load(Ordering::Relaxed),
         }
     }
 
