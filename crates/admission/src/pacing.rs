@@ -5,19 +5,18 @@
 //! straight back, so enough of them can spend the whole CPU on refusals (a retry storm). The
 //! pacer bounds that spend without slowing anyone it need not slow:
 //!
-//! * A refusal to a caller that was told, by an earlier refusal, to come back later and came
-//!   back before then is *early*. An early refusal is held until the time the caller was told
-//!   (never longer than [`PacingConfig::max_hold`]), so a caller that waits for each answer before
-//!   asking again gets one refusal per `Retry-After` however fast it spins, and waits on a timer
-//!   that costs nothing. A caller that honours `Retry-After` is always refused at once, and an
-//!   early request that admission admits is served at once: only refusals are held.
-//! * Held refusals are sent together on a coarse tick: one timer and one wake-up of the process
-//!   for all that fall due in it.
+//! A refusal to a caller that was told, by an earlier refusal, to come back later and came back
+//! before then is *early*. An early refusal is held until the time the caller was told (never
+//! longer than [`PacingConfig::max_hold`]), so a caller that waits for each answer before asking
+//! again gets one refusal per `Retry-After` however fast it spins, and waits on a timer that costs
+//! nothing. A caller that honours `Retry-After` is always refused at once, and an early request
+//! that admission admits is served at once: only refusals are held.
 //!
-//! Callers are told apart by a key the user of the layer derives from the request (the API: the
-//! verified user, or the client's address for a request without a valid token), not by the
-//! connection: behind a load balancer one connection carries many callers, and one caller opens
-//! many connections.
+//! Callers are told apart by a key the user of the layer derives from the request. The API's is
+//! the verified user (or the client's address for a request without a valid token) on one
+//! connection: the identity, so that behind a load balancer, whose connections carry many
+//! callers, one caller's haste does not hold another's refusals; the connection, so that the
+//! workers of one token are held each until its own `Retry-After` rather than released together.
 //!
 //! The layer recognises the refusals it may pace by their response extensions: admission's own
 //! [`Refusal`], or a [`PaceableRefusal`] that an outer layer (a throttle answering before
@@ -75,7 +74,7 @@ pub struct PacingSnapshot {
     pub max_hold_ms: f64,
     /// Refusals that came back before their caller's `Retry-After`, since start.
     pub early_total: u64,
-    /// Of those, the ones held (all but those that fell due on the tick they were made).
+    /// Of those, the ones held.
     pub held_total: u64,
     /// Callers remembered now (told to come back later, and not yet due).
     pub callers: usize,
@@ -101,25 +100,9 @@ struct Shared {
 }
 
 struct State {
-    /// Where the ticks that held refusals are sent on start.
-    epoch: Instant,
     /// Per caller, when its last refusal told it to come back.
     due: HashMap<u64, Instant, KeyHasher>,
     inserts: u32,
-}
-
-/// Held refusals are sent on ticks this far apart, together: one timer and one wake-up of the
-/// process for all of them. Sent one by one at their own times, each held refusal was a wake-up
-/// of its own and cost 170-340 us of a quarter core; on the tick, 48 us (measured,
-/// docs/ADMISSION.md); an immediate refusal costs about 17 us.
-const TICK: Duration = Duration::from_millis(50);
-
-/// The first tick at or after `t`.
-fn on_tick(epoch: Instant, t: Instant) -> Instant {
-    let since = t.saturating_duration_since(epoch).as_nanos();
-    let tick = TICK.as_nanos();
-    let ticks = since.div_ceil(tick);
-    epoch + Duration::from_nanos(u64::try_from(ticks * tick).unwrap_or(u64::MAX))
 }
 
 /// Callers remembered before the expired ones are dropped.
@@ -132,8 +115,7 @@ impl RetryPacing {
     /// A pacer with these settings.
     #[must_use]
     pub fn new(config: PacingConfig) -> Self {
-        let now = Instant::now();
-        let state = State { epoch: now, due: HashMap::default(), inserts: 0 };
+        let state = State { due: HashMap::default(), inserts: 0 };
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -169,8 +151,8 @@ impl RetryPacing {
     }
 
     /// When to send a refusal to `caller` made `now` that says to come back after `retry_after`:
-    /// now, unless the caller came back before its last refusal said to; then at that time (on
-    /// the tick at or after it, and never later than the longest hold).
+    /// now, unless the caller came back before its last refusal said to; then at that time (never
+    /// later than the longest hold).
     pub fn schedule(&self, caller: u64, retry_after: Duration, now: Instant) -> Instant {
         let cfg = &self.shared.config;
         if cfg.is_off() {
@@ -180,7 +162,11 @@ impl RetryPacing {
         let send_at = match st.due.get(&caller).copied() {
             Some(due) if due > now => {
                 self.shared.early.fetch_add(1, Ordering::Relaxed);
-                on_tick(st.epoch, due.min(now + cfg.max_hold))
+                // Each at its own time, not batched: releasing them together on a 50 ms tick made
+                // an idle process's held refusals cheaper (48 us each instead of 171 us), but in a
+                // busy one it sent them back in bursts, and served less (633 2xx/s against 705 at
+                // 1,000 spinning callers, docs/ADMISSION.md).
+                due.min(now + cfg.max_hold)
             }
             _ => now,
         };
@@ -346,7 +332,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_early_refusal_is_held_until_the_callers_retry_after_on_a_tick() {
+    async fn an_early_refusal_is_held_until_the_callers_retry_after() {
         let p = pacer(2000);
         let t0 = Instant::now();
         p.schedule(1, SECOND, t0);
@@ -356,11 +342,8 @@ mod tests {
         assert_eq!(p.schedule(1, SECOND, early + Duration::from_millis(1)), t0 + 2 * SECOND);
         // Another caller is not held for the first one's haste.
         assert_eq!(p.schedule(2, SECOND, early), early);
-        // A refusal due between ticks goes on the next tick.
-        p.schedule(3, Duration::from_millis(1010), t0);
-        assert_eq!(p.schedule(3, SECOND, early), t0 + Duration::from_millis(1050));
         let s = p.snapshot();
-        assert_eq!((s.early_total, s.held_total), (3, 3));
+        assert_eq!((s.early_total, s.held_total), (2, 2));
     }
 
     #[tokio::test(start_paused = true)]

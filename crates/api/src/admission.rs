@@ -105,8 +105,11 @@ fn cpu_meter(given: Option<f64>) -> Option<Arc<dyn CpuMeter>> {
 
 /// The caller the refusal pacer tells apart (`breakwater_admission::RetryPacing`): the verified
 /// user, or for a request without a valid token the client's address (its /64 for IPv6, as the
-/// IP throttle buckets it; behind `trusted_proxies` proxies the one they saw). Never the
-/// connection: behind a load balancer one connection carries many callers.
+/// IP throttle buckets it; behind `trusted_proxies` proxies the one they saw), on one connection.
+/// The identity keeps one caller's haste from holding another's refusals behind a load balancer,
+/// whose connections carry many callers; the connection keeps the callers of one token (a
+/// closed loop of workers) apart, so that each is held until its own `Retry-After` instead of
+/// all of them being released at once.
 pub fn caller_key<B>(trusted_proxies: usize) -> impl Fn(&Request<B>) -> Option<u64> + Clone + Send + Sync + 'static {
     move |req: &Request<B>| {
         use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
@@ -120,6 +123,7 @@ pub fn caller_key<B>(trusted_proxies: usize) -> impl Fn(&Request<B>) -> Option<u
                 crate::throttle::ip_bucket(ip).hash(&mut h);
             }
         }
+        req.extensions().get::<crate::server::ConnectionId>().hash(&mut h);
         Some(h.finish())
     }
 }

@@ -47,6 +47,13 @@ use tower::ServiceExt as _;
 use crate::admission::BYPASS;
 use crate::throttle::gcra::{self, Limit};
 
+/// Which of the process's connections a request came on (in its extensions): the refusal pacer
+/// tells callers apart by it, beside their identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionId(pub u64);
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(0);
+
 /// What happens to a connection that arrives while `MAX_CONNECTIONS` are open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -404,6 +411,7 @@ impl<S: HttpService> Edge<S> {
         let track = Arc::new(ConnTrack::new());
         let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
         let on_request = track.clone();
+        let connection = ConnectionId(NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
         let app = self.app.clone();
         let service = TowerToHyperService::new(app.map_request(move |mut req: Request<hyper::body::Incoming>| {
             // Off under the default filter. The reliability suite turns it on to tell a request
@@ -414,6 +422,7 @@ impl<S: HttpService> Edge<S> {
                 "request read"
             );
             req.extensions_mut().insert(ConnectInfo(peer));
+            req.extensions_mut().insert(connection);
             req.extensions_mut().insert(InFlight::start(&on_request));
             req.map(Body::new)
         }));

@@ -120,9 +120,11 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let url = app.url(&format!("/v1/contacts/{ann}"));
-    // Separate clients, so that the caller is told apart by its token, not its connection.
-    let timed = |token: &str| {
-        let req = reqwest::Client::new().get(&url).bearer_auth(token);
+    // One kept-alive connection per token: a caller is its identity on its connection.
+    let client = |_: &str| reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+    let (ours, theirs, same_token_elsewhere) = (client("ours"), client("theirs"), client("elsewhere"));
+    let timed = |c: &reqwest::Client, token: &str| {
+        let req = c.get(&url).bearer_auth(token);
         async move {
             let started = Instant::now();
             let r = req.send().await.expect("sent");
@@ -130,19 +132,22 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
             (r.status(), retry_after, started.elapsed())
         }
     };
-    let (status, has_retry_after, took) = timed(&t.token).await;
+    let (status, has_retry_after, took) = timed(&ours, &t.token).await;
     assert_eq!((status, has_retry_after), (StatusCode::SERVICE_UNAVAILABLE, true));
     assert!(took < Duration::from_millis(300), "a first refusal is answered at once: {took:?}");
     let refused_at = Instant::now();
 
-    // Another caller is refused at once: it was told nothing yet.
-    let (status, _, took) = timed(&other.token).await;
+    // Another caller is refused at once: it was told nothing yet; so is the same token on
+    // another connection (another worker of the same client).
+    let (status, _, took) = timed(&theirs, &other.token).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(took < Duration::from_millis(300), "another caller is not held: {took:?}");
+    let (status, _, took) = timed(&same_token_elsewhere, &t.token).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(took < Duration::from_millis(300), "another connection of the token is not held: {took:?}");
 
-    // Straight back on a new connection, ignoring Retry-After: refused again, once the second
-    // has passed.
-    let (status, _, took) = timed(&t.token).await;
+    // Straight back, ignoring Retry-After: refused again, once the second has passed.
+    let (status, _, took) = timed(&ours, &t.token).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(took >= Duration::from_millis(500), "an early caller's refusal is held: {took:?}");
     assert!(refused_at.elapsed() >= Duration::from_millis(950), "till the Retry-After: {:?}", refused_at.elapsed());
@@ -152,7 +157,7 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
     drop(blocker);
     assert_eq!(slow.await.expect("joined").expect("sent"), StatusCode::ACCEPTED);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (status, _, took) = timed(&t.token).await;
+    let (status, _, took) = timed(&ours, &t.token).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the contact is erased; the request was served");
     assert!(took < Duration::from_millis(300), "a caller that waited is not held: {took:?}");
 
@@ -168,7 +173,7 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
 async fn a_throttle_refusal_is_held_only_when_it_holds_nothing(pool: PgPool) {
     let app = common::spawn_with(pool.clone(), &["--throttle-user-rate", "1", "--throttle-user-burst", "1"]).await;
     let t = common::tenant(&pool, "Acme").await;
-    let spinner = reqwest::Client::new();
+    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
     let url = app.url("/v1/conversations?status=open");
     let timed = || {
         let req = spinner.get(&url).bearer_auth(&t.token);

@@ -37,12 +37,23 @@ struct Pool {
 pub struct Http {
     pool: Arc<Pool>,
     timeout: Duration,
+    /// Reuse connections (the default); without, each request opens its own and asks the server
+    /// to close it after the response.
+    keep_alive: bool,
 }
 
 impl Http {
     /// `timeout` covers the whole exchange: connect, send, and reading the body.
     pub fn new(timeout: Duration) -> Self {
-        Self { pool: Arc::new(Pool::default()), timeout }
+        Self { pool: Arc::new(Pool::default()), timeout, keep_alive: true }
+    }
+
+    /// Every request on a connection of its own (`Connection: close`), as clients that do not
+    /// keep connections alive, or a flood of new connections.
+    #[must_use]
+    pub fn without_keep_alive(mut self) -> Self {
+        self.keep_alive = false;
+        self
     }
 
     /// Connections opened so far (monotonic).
@@ -129,10 +140,17 @@ impl Http {
             if body.is_some() {
                 req = req.header(http::header::CONTENT_TYPE, "application/json");
             }
+            if !self.keep_alive {
+                req = req.header(http::header::CONNECTION, "close");
+            }
             req.body(Full::new(body.clone().unwrap_or_default())).map_err(|_| "bad_request".to_owned())
         };
         let exchange = async {
-            let (mut sender, reused) = self.checkout(&authority).await?;
+            let (mut sender, reused) = if self.keep_alive {
+                self.checkout(&authority).await?
+            } else {
+                (self.connect(&authority).await?, false)
+            };
             let resp = match sender.send_request(build()?).await {
                 Ok(r) => r,
                 // A kept-alive connection the server closed before our request went out:
@@ -149,7 +167,7 @@ impl Http {
                 .headers
                 .get(http::header::CONNECTION)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-            if !close {
+            if !close && self.keep_alive {
                 self.put_idle(&authority, sender);
             }
             Ok(Reply { status: parts.status.as_u16(), headers: parts.headers, body })

@@ -58,6 +58,8 @@ pub struct EngineConfig {
     /// A step whose send lag p99 exceeds this is generator-limited.
     pub max_send_lag_ms: f64,
     pub timeout: Duration,
+    /// Open a connection per request instead of keeping them alive.
+    pub new_connections: bool,
     /// Arrivals honour `Retry-After` as this policy says (`None`: a refusal ends the arrival, as
     /// for a client that ignores it and moves on to its next request).
     pub honour: Option<crate::retry::RetryPolicy>,
@@ -72,6 +74,7 @@ impl Default for EngineConfig {
             max_in_flight: Some(DEFAULT_MAX_IN_FLIGHT),
             max_send_lag_ms: 10.0,
             timeout: Duration::from_secs(10),
+            new_connections: false,
             honour: None,
         }
     }
@@ -128,6 +131,11 @@ impl StepCtx {
         let mut attempts = 0;
         let mut when = intended;
         loop {
+            // A client told to wait sends nothing before then, this request included.
+            if let Some(until) = honour.paused_until(req.tenant) {
+                tokio::time::sleep_until(until.into()).await;
+                when = Instant::now();
+            }
             attempts += 1;
             let (outcome, reply) = self.request(when, req.clone()).await;
             match &outcome {
@@ -137,12 +145,11 @@ impl StepCtx {
                 }
                 Outcome::Refused { .. } => {
                     let header = reply.as_ref().and_then(|r| crate::retry::header_retry_after(&r.headers));
-                    let Some(wait) = honour.retry_after(attempts, header, rng) else {
+                    honour.pause(req.tenant, honour.wait_for(header, rng));
+                    if !honour.retries(attempts) {
                         honour.gave_up(attempts);
                         return (outcome, reply);
-                    };
-                    tokio::time::sleep(wait).await;
-                    when = Instant::now();
+                    }
                 }
                 Outcome::Error { .. } => {
                     honour.gave_up(attempts);
@@ -213,7 +220,11 @@ struct Begun {
 impl Engine {
     pub fn new(cfg: EngineConfig, tokens: Tokens, sampler: Sampler, run_start: Instant) -> Self {
         Self {
-            http: Http::new(cfg.timeout),
+            http: if cfg.new_connections {
+                Http::new(cfg.timeout).without_keep_alive()
+            } else {
+                Http::new(cfg.timeout)
+            },
             tokens: Arc::new(tokens),
             cfg,
             sampler,

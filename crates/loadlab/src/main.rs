@@ -71,12 +71,17 @@ struct EngineArgs {
     /// Send lag p99 above which a step is marked generator-limited.
     #[arg(long, value_parser = duration, default_value = "10ms")]
     max_send_lag: Duration,
-    /// Honour Retry-After as SDK retry policies do: a refused attempt is retried after the
-    /// header's seconds (plus up to 20% jitter), three attempts at most, within a retry budget
-    /// (gRPC's retry throttling); each step then reports attempts per success and the time to
-    /// success. Without it a refusal ends the request, as for a client that moves on.
+    /// Honour Retry-After: after a refusal, a client (a token) sends nothing until the header's
+    /// seconds (plus up to 20% jitter) have passed, and retries the refused request as SDK
+    /// policies do (three attempts at most, within gRPC's retry budget); each step then reports
+    /// attempts per success and the time to success. Without it a refusal ends the request, and
+    /// the client sends its next at once.
     #[arg(long)]
     honour_retry_after: bool,
+    /// Open a new connection for every request (`Connection: close`) instead of keeping them
+    /// alive: what a refusal costs a server that must accept each one.
+    #[arg(long)]
+    new_connection_per_request: bool,
 }
 
 impl EngineArgs {
@@ -88,6 +93,7 @@ impl EngineArgs {
             max_in_flight: (self.max_in_flight > 0).then_some(self.max_in_flight),
             max_send_lag_ms: self.max_send_lag.as_secs_f64() * 1000.0,
             timeout: self.timeout,
+            new_connections: self.new_connection_per_request,
             honour: self.honour_retry_after.then(breakwater_loadlab::retry::RetryPolicy::default),
         }
     }

@@ -1,9 +1,14 @@
-//! Clients that honour `Retry-After`, the way SDK retry policies do: a refused attempt is retried
-//! after the header's seconds (with jitter), at most a few times, and only while a retry budget
-//! shared by the whole population allows it (gRPC's retry throttling: a bucket of tokens, one
-//! spent per refused attempt, a tenth of one earned per success, retries only while more than
-//! half of it is left). What the person waiting sees is the logical request: how many attempts
-//! it took and how long from its first attempt to its success.
+//! Clients that honour `Retry-After`: after a refusal, a client sends nothing to the server until
+//! the header's seconds (with jitter) have passed, its other requests included ("how long the
+//! user agent ought to wait before making a follow-up request", RFC 9110); a client is one token
+//! of the run. A refused request is retried as SDK retry policies do: at most a few attempts, and
+//! only while a retry budget shared by the whole population allows it (gRPC's retry throttling:
+//! a bucket of tokens, one spent per refused attempt, a tenth of one earned per success, retries
+//! only while more than half of it is left). What the person waiting sees is the logical
+//! request: how many attempts it took and how long from its arrival to its success, the waits
+//! included.
+
+use std::collections::HashMap;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -54,6 +59,8 @@ pub struct LogicalReport {
 pub(crate) struct Honouring {
     pub(crate) policy: RetryPolicy,
     budget: Mutex<f64>,
+    /// Per client (token index), when it may send again.
+    paused: Mutex<HashMap<Option<usize>, Instant>>,
     rec: Mutex<Recorder>,
 }
 
@@ -68,28 +75,45 @@ struct Recorder {
 
 impl Honouring {
     pub(crate) fn new(policy: RetryPolicy) -> Self {
-        Self { policy, budget: Mutex::new(policy.budget_tokens), rec: Mutex::new(Recorder::default()) }
+        Self {
+            policy,
+            budget: Mutex::new(policy.budget_tokens),
+            paused: Mutex::new(HashMap::new()),
+            rec: Mutex::new(Recorder::default()),
+        }
     }
 
-    /// After a refused attempt (`attempts` made so far): how long to wait before the next, or
-    /// `None` to give up. Spends a budget token either way.
-    pub(crate) fn retry_after(
-        &self,
-        attempts: u32,
-        retry_after: Option<Duration>,
-        rng: &mut impl Rng,
-    ) -> Option<Duration> {
+    /// Until when `client` holds its requests back, if it is told to wait.
+    pub(crate) fn paused_until(&self, client: Option<usize>) -> Option<Instant> {
+        let paused = self.paused.lock().ok()?;
+        paused.get(&client).copied().filter(|t| *t > Instant::now())
+    }
+
+    /// `client` was told to wait `wait`: none of its requests go out before then.
+    pub(crate) fn pause(&self, client: Option<usize>, wait: Duration) {
+        if let Ok(mut paused) = self.paused.lock() {
+            let until = Instant::now() + wait;
+            let e = paused.entry(client).or_insert(until);
+            *e = (*e).max(until);
+        }
+    }
+
+    /// The wait a refusal's `Retry-After` asks for, with the policy's jitter.
+    pub(crate) fn wait_for(&self, retry_after: Option<Duration>, rng: &mut impl Rng) -> Duration {
+        let base = retry_after.unwrap_or(Duration::from_secs(1));
+        base.mul_f64(1.0 + rng.random_range(0.0..=self.policy.jitter.max(0.0)))
+    }
+
+    /// After a refused attempt (`attempts` made so far): whether to retry it. Spends a budget
+    /// token either way.
+    pub(crate) fn retries(&self, attempts: u32) -> bool {
         let p = &self.policy;
         let allowed = {
-            let Ok(mut tokens) = self.budget.lock() else { return None };
+            let Ok(mut tokens) = self.budget.lock() else { return false };
             *tokens = (*tokens - 1.0).max(0.0);
             *tokens > p.budget_tokens / 2.0
         };
-        if attempts >= p.max_attempts || !allowed {
-            return None;
-        }
-        let base = retry_after.unwrap_or(Duration::from_secs(1));
-        Some(base.mul_f64(1.0 + rng.random_range(0.0..=p.jitter.max(0.0))))
+        attempts < p.max_attempts && allowed
     }
 
     pub(crate) fn succeeded(&self, attempts: u32, first_intended: Instant) {
@@ -137,27 +161,37 @@ mod tests {
     use rand::SeedableRng;
 
     #[test]
-    fn retries_wait_the_header_with_jitter_and_stop_at_the_attempt_limit() {
+    fn the_wait_is_the_header_with_jitter_and_retries_stop_at_the_attempt_limit() {
         let h = Honouring::new(RetryPolicy::default());
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
-        let wait = h.retry_after(1, Some(Duration::from_secs(2)), &mut rng).expect("a retry");
+        let wait = h.wait_for(Some(Duration::from_secs(2)), &mut rng);
         assert!((Duration::from_secs(2)..=Duration::from_millis(2400)).contains(&wait), "{wait:?}");
-        assert!(h.retry_after(3, Some(Duration::from_secs(1)), &mut rng).is_none(), "three attempts at most");
+        assert!(h.retries(1));
+        assert!(!h.retries(3), "three attempts at most");
     }
 
     #[test]
     fn the_budget_stops_retries_when_most_attempts_are_refused_and_refills_with_successes() {
         let h = Honouring::new(RetryPolicy::default());
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         // Ten tokens; retries only while more than five are left.
-        let allowed = (0..10).filter(|_| h.retry_after(1, None, &mut rng).is_some()).count();
+        let allowed = (0..10).filter(|_| h.retries(1)).count();
         assert_eq!(allowed, 4, "tokens 9, 8, 7, 6 allow a retry; 5 and below do not");
         for _ in 0..70 {
             h.succeeded(1, Instant::now());
         }
-        assert!(h.retry_after(1, None, &mut rng).is_some(), "seventy successes earn seven tokens back");
+        assert!(h.retries(1), "seventy successes earn seven tokens back");
         let r = h.report();
         assert_eq!((r.requests, r.succeeded, r.attempts), (70, 70, 70));
         assert!((r.attempts_per_success - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_paused_client_holds_every_request_back_and_others_do_not() {
+        let h = Honouring::new(RetryPolicy::default());
+        h.pause(Some(1), Duration::from_secs(5));
+        h.pause(Some(1), Duration::from_secs(1));
+        let until = h.paused_until(Some(1)).expect("paused");
+        assert!(until > Instant::now() + Duration::from_secs(4), "a shorter wait does not shorten it");
+        assert_eq!(h.paused_until(Some(2)), None);
     }
 }
