@@ -230,14 +230,6 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         api_env.get("ADMISSION") == "adaptive" and float(api_env.get("ADMISSION_LATENCY_TARGET_MS", 0)) == 200,
         "admission is adaptive with a 200 ms latency target by default",
     )
-    tiers = svc["Mappings"]["Tier"]
-    cores_ref = next((e["Value"] for e in api_c.get("Environment", []) if e["Name"] == "ADMISSION_CPU_CORES"), None)
-    c.check(
-        all("AdmissionCpuCores" in t and float(t["AdmissionCpuCores"]) == float(t["Cpu"]) / 1024 for t in tiers.values())
-        and cores_ref == {"Fn::FindInMap": ["Tier", {"Ref": "TaskSize"}, "AdmissionCpuCores"]},
-        "every tier tells admission's CPU gate the task's CPU (Cpu / 1024 cores)",
-    )
-
     # Autoscaling.
     target = only(svc, "AWS::ApplicationAutoScaling::ScalableTarget")
     policy = only(svc, "AWS::ApplicationAutoScaling::ScalingPolicy")["TargetTrackingScalingPolicyConfiguration"]

@@ -164,23 +164,6 @@ pub struct AdmissionConfig {
     /// Serve a flooding tenant's newest waiter first during sustained overload (adaptive LIFO),
     /// so admitted work is fresh work whose client is still there. Default true.
     pub adaptive_lifo: bool,
-    /// Under a CPU quota (a container's CPU limit), the share of the quota the CPU gate keeps the
-    /// process's CPU use under: past it, new work is refused at the door, the heaviest tenants
-    /// first, so the process is seldom frozen by the quota (see `docs/ADMISSION.md`, "The CPU
-    /// gate"). Only in adaptive mode, and only with a [`CpuMeter`](crate::CpuMeter) given to
-    /// [`Admission::with_cpu`](crate::Admission::with_cpu). Default 0: no gate. It trades
-    /// throughput for refusal latency and tenant isolation, and it paces clients that retry at
-    /// once only while all of a tenant's callers fit in [`Self::cpu_pace`] (docs/ADMISSION.md has
-    /// the measurements); 0.95 is the value measured.
-    pub cpu_target: f64,
-    /// How often the CPU gate reads the meter and decides again (10 ms to 10 s). Default 100 ms,
-    /// the CFS period.
-    pub cpu_window: Duration,
-    /// The longest the CPU gate holds a request of a tenant over its share, to pace it, before
-    /// refusing instead. A caller that waits for each answer (a closed loop) is slowed to its
-    /// share rather than refused and straight back; an open-loop flood is refused past a pace's
-    /// worth of held requests. Default 50 ms, at most 1 s; 0 refuses at once.
-    pub cpu_pace: Duration,
     /// Route classes; the classifier returns an index into this list. Never empty: the first is
     /// [`ClassId::DEFAULT`]. Default: one class named `default`.
     pub classes: Vec<ClassConfig>,
@@ -197,9 +180,6 @@ impl Default for AdmissionConfig {
             codel_interval: Duration::from_millis(100),
             overload_wait: Duration::from_millis(5),
             adaptive_lifo: true,
-            cpu_target: 0.0,
-            cpu_window: Duration::from_millis(100),
-            cpu_pace: Duration::from_millis(50),
             classes: vec![ClassConfig::default()],
         }
     }
@@ -235,15 +215,6 @@ impl AdmissionConfig {
         }
         if !(0.0..=1.0).contains(&self.smoothing) || self.smoothing == 0.0 {
             return Err(ConfigError("smoothing must be in (0, 1]".into()));
-        }
-        if !(0.0..=1.0).contains(&self.cpu_target) {
-            return Err(ConfigError("cpu_target must be in [0, 1] (0: no CPU gate)".into()));
-        }
-        if self.cpu_window < Duration::from_millis(10) || self.cpu_window > Duration::from_secs(10) {
-            return Err(ConfigError("cpu_window must be between 10 ms and 10 s".into()));
-        }
-        if self.cpu_pace > Duration::from_secs(1) {
-            return Err(ConfigError("cpu_pace must be at most 1 s (a hold is added to the request's latency)".into()));
         }
         for c in &self.classes {
             let bad = |what: &str| Err(ConfigError(format!("class {:?}: {what}", c.name)));
@@ -291,14 +262,9 @@ mod tests {
     fn rejects_inconsistent_limits() {
         let mut cfg = AdmissionConfig::default();
         assert!(cfg.validate().is_ok());
-        cfg.cpu_target = 1.5;
+        cfg.smoothing = 0.0;
         assert!(cfg.validate().is_err());
-        cfg.cpu_target = 0.95;
-        for (window, pace, ok) in [(100, 50, true), (5, 50, false), (20_000, 50, false), (100, 1_500, false)] {
-            cfg.cpu_window = Duration::from_millis(window);
-            cfg.cpu_pace = Duration::from_millis(pace);
-            assert_eq!(cfg.validate().is_ok(), ok, "window {window} ms, pace {pace} ms");
-        }
+        cfg.smoothing = 0.5;
         cfg.classes[0].min_limit = 50;
         assert!(cfg.validate().is_err());
         cfg.classes.clear();

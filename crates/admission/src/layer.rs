@@ -11,7 +11,7 @@ use http::header::HeaderName;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tower::{Layer, Service};
 
 use crate::body::AdmissionBody;
@@ -124,25 +124,21 @@ where
         match self.admission.admit(class, tenant, || client_timeout(req.headers())) {
             Decision::Admit(guard) => ResponseFuture::calling(self.inner.call(req), Some(guard)),
             Decision::Refuse(refusal) => ResponseFuture { state: State::Refused { refusal } },
-            decision @ (Decision::Wait(..) | Decision::Pace(_)) => {
+            Decision::Wait(ticket, until) => {
                 // Keep the service that was made ready for this request; leave a clone behind.
                 let clone = self.inner.clone();
                 let svc = std::mem::replace(&mut self.inner, clone);
-                let entry = || Entry { admission: self.admission.clone(), class, tenant, since: Instant::now() };
-                ResponseFuture { state: State::after(decision, svc, req, entry) }
+                ResponseFuture {
+                    state: State::Waiting {
+                        sleep: Box::pin(tokio::time::sleep_until(until)),
+                        ticket,
+                        svc: Some(svc),
+                        req: Some(req),
+                    },
+                }
             }
         }
     }
-}
-
-/// What a request held by the CPU gate needs to enter its class afterwards.
-#[derive(Clone)]
-struct Entry {
-    admission: Admission,
-    class: ClassId,
-    tenant: Option<u64>,
-    /// When it arrived: a client deadline counts the hold.
-    since: Instant,
 }
 
 pin_project! {
@@ -156,12 +152,6 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, S, B> {
-        Pacing {
-            sleep: Pin<Box<Sleep>>,
-            entry: Entry,
-            svc: Option<S>,
-            req: Option<Request<B>>,
-        },
         Waiting {
             sleep: Pin<Box<Sleep>>,
             ticket: Ticket,
@@ -184,36 +174,9 @@ impl<F, S, B> ResponseFuture<F, S, B> {
     }
 }
 
-impl<F, S, B> State<F, S, B>
-where
-    S: Service<Request<B>, Future = F>,
-{
-    /// The state a decision puts a request in, given the service made ready for it (`entry`
-    /// only for a hold).
-    fn after(decision: Decision, mut svc: S, req: Request<B>, entry: impl FnOnce() -> Entry) -> Self {
-        match decision {
-            Decision::Admit(guard) => State::Calling { fut: svc.call(req), guard: Some(guard) },
-            Decision::Refuse(refusal) => State::Refused { refusal },
-            Decision::Wait(ticket, until) => State::Waiting {
-                sleep: Box::pin(tokio::time::sleep_until(until)),
-                ticket,
-                svc: Some(svc),
-                req: Some(req),
-            },
-            Decision::Pace(until) => State::Pacing {
-                sleep: Box::pin(tokio::time::sleep_until(until)),
-                entry: entry(),
-                svc: Some(svc),
-                req: Some(req),
-            },
-        }
-    }
-}
-
 impl<F, S, B> fmt::Debug for ResponseFuture<F, S, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Pacing { .. } => "pacing",
             State::Waiting { .. } => "waiting",
             State::Calling { .. } => "calling",
             State::Refused { .. } => "refused",
@@ -235,19 +198,6 @@ where
         loop {
             let mut state = self.as_mut().project().state;
             match state.as_mut().project() {
-                StateProj::Pacing { sleep, entry, svc, req } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let (Some(svc), Some(req)) = (svc.take(), req.take()) else {
-                        unreachable!("the request is taken only once")
-                    };
-                    let now = Instant::now();
-                    let held = now.saturating_duration_since(entry.since);
-                    let timeout = || client_timeout(req.headers()).map(|t| t.saturating_sub(held));
-                    let decision = entry.admission.enter(entry.class, entry.tenant, now, timeout);
-                    // `enter` never holds: the entry is not needed again.
-                    let next = State::after(decision, svc, req, || entry.clone());
-                    state.set(next);
-                }
                 StateProj::Waiting { sleep, ticket, svc, req } => {
                     let outcome = match ticket.poll(cx) {
                         Poll::Ready(outcome) => outcome,

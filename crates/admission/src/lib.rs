@@ -34,7 +34,6 @@
 mod body;
 mod config;
 mod controller;
-mod cpu;
 mod histogram;
 mod layer;
 mod pacing;
@@ -45,7 +44,6 @@ mod state;
 
 pub use body::AdmissionBody;
 pub use config::{AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, Mode, ParseError};
-pub use cpu::{CpuMeter, CpuSnapshot};
 pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_timeout};
 pub use pacing::{
     PaceableRefusal, PacedFuture, PacingConfig, PacingSnapshot, RetryPacing, RetryPacingLayer, RetryPacingService,

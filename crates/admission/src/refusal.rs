@@ -21,9 +21,6 @@ pub enum RefusalReason {
     /// The client's `Request-Timeout` could not be met given the expected wait: refused at the
     /// door instead of being served to nobody. Reported as `queue_timeout`.
     Deadline,
-    /// The CPU gate: the process is over its share of the CPU quota and this tenant is over its
-    /// share of what the gate lets through: `load_shed`.
-    CpuQuota,
 }
 
 impl RefusalReason {
@@ -31,7 +28,7 @@ impl RefusalReason {
     #[must_use]
     pub fn code(self) -> &'static str {
         match self {
-            Self::QueueFull | Self::CpuQuota => "load_shed",
+            Self::QueueFull => "load_shed",
             Self::QueueTimeout | Self::Deadline => "queue_timeout",
         }
     }
@@ -72,7 +69,6 @@ impl Refusal {
     fn write_message(&self, s: &mut String) {
         match self.reason {
             RefusalReason::QueueFull => s.push_str("over capacity"),
-            RefusalReason::CpuQuota => s.push_str("over the CPU quota"),
             RefusalReason::QueueTimeout => {
                 s.push_str("no capacity within ");
                 push_int(s, self.wait_ms);
@@ -198,11 +194,6 @@ mod tests {
         let deadline = refusal(RefusalReason::Deadline).message();
         assert_eq!(deadline, "expected wait 340 ms exceeds the request timeout of 100 ms (in-flight 5/5, queue 16/16)");
         assert_eq!(RefusalReason::QueueTimeout.code(), "queue_timeout");
-        let cpu = refusal(RefusalReason::CpuQuota);
-        assert_eq!(
-            (cpu.reason.code(), cpu.message().as_str()),
-            ("load_shed", "over the CPU quota (in-flight 5/5, queue 16/16)")
-        );
     }
 
     #[test]

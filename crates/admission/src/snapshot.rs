@@ -3,7 +3,6 @@
 use serde::Serialize;
 
 use crate::config::{AdmissionConfig, Algorithm, Mode};
-use crate::cpu::CpuSnapshot;
 use crate::histogram::Histogram;
 
 /// Refusals since start, by reason.
@@ -15,22 +14,19 @@ pub struct ShedTotals {
     pub queue_timeout: u64,
     /// The client's deadline could not be met (`queue_timeout` at the door).
     pub deadline: u64,
-    /// Refused by the CPU gate: over the share of the CPU quota (`load_shed`).
-    pub cpu_quota: u64,
 }
 
 impl ShedTotals {
     /// All refusals.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.queue_full + self.queue_timeout + self.deadline + self.cpu_quota
+        self.queue_full + self.queue_timeout + self.deadline
     }
 
     fn add(&mut self, other: &Self) {
         self.queue_full += other.queue_full;
         self.queue_timeout += other.queue_timeout;
         self.deadline += other.deadline;
-        self.cpu_quota += other.cpu_quota;
     }
 }
 
@@ -100,8 +96,6 @@ pub struct Snapshot {
     pub p50_ms: Option<f64>,
     /// 95th percentile of the same.
     pub p95_ms: Option<f64>,
-    /// The CPU gate (`None` without a CPU quota, or when not adaptive).
-    pub cpu: Option<CpuSnapshot>,
     /// Per class.
     pub classes: Vec<ClassSnapshot>,
 }
@@ -112,7 +106,6 @@ impl Snapshot {
         classes: Vec<ClassSnapshot>,
         bypassed_total: u64,
         all: &Histogram,
-        cpu: Option<CpuSnapshot>,
     ) -> Self {
         let mut shed = ShedTotals::default();
         for c in &classes {
@@ -134,7 +127,6 @@ impl Snapshot {
             shed,
             p50_ms: ms(0.5),
             p95_ms: ms(0.95),
-            cpu,
             classes,
         }
     }

@@ -12,10 +12,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::config::Mode;
 use crate::config::{AdmissionConfig, ClassConfig, ClassId, ConfigError};
 use crate::controller::{Controller, WindowSummary};
-use crate::cpu::{CpuGate, CpuMeter, Verdict};
 use crate::histogram::Histogram;
 use crate::queue::{FairQueue, Outcome, Waiter};
 use crate::refusal::{Refusal, RefusalReason, retry_after};
@@ -42,8 +40,6 @@ impl fmt::Debug for Admission {
 
 pub(crate) struct Shared {
     pub(crate) config: AdmissionConfig,
-    /// The CPU gate: in adaptive mode, with a meter and a `cpu_target` above 0.
-    cpu: Option<CpuGate>,
     classes: Box<[Class]>,
     bypassed: AtomicU64,
 }
@@ -110,13 +106,11 @@ impl Window {
 pub(crate) enum Decision {
     Admit(SlotGuard),
     Wait(Ticket, Instant),
-    /// Held by the CPU gate until then; then [`Admission::enter`] the class.
-    Pace(Instant),
     Refuse(Refusal),
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a lock (a class's, the CPU gate's) leaves counters that are still
+    // A panic while holding a lock (a class's, the pacer's) leaves counters that are still
     // meaningful; carry on.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -124,17 +118,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Admission {
     /// Builds the controller. Fails only on inconsistent settings (e.g. `min_limit > max_limit`).
     pub fn new(config: AdmissionConfig) -> Result<Self, ConfigError> {
-        Self::with_cpu(config, None)
-    }
-
-    /// Builds the controller with a CPU gate reading `meter` (the process's CPU quota and usage),
-    /// when the mode is adaptive and `cpu_target` is not 0. Without a meter, as [`Self::new`].
-    pub fn with_cpu(config: AdmissionConfig, meter: Option<Arc<dyn CpuMeter>>) -> Result<Self, ConfigError> {
         config.validate()?;
         let now = Instant::now();
-        let cpu = meter
-            .filter(|m| config.mode == Mode::Adaptive && config.cpu_target > 0.0 && m.cores() > 0.0)
-            .map(|m| CpuGate::new(m, config.cpu_target, config.cpu_window, config.cpu_pace, now));
         let classes = config
             .classes
             .iter()
@@ -159,7 +144,7 @@ impl Admission {
                 }),
             })
             .collect();
-        Ok(Self { shared: Arc::new(Shared { config, cpu, classes, bypassed: AtomicU64::new(0) }) })
+        Ok(Self { shared: Arc::new(Shared { config, classes, bypassed: AtomicU64::new(0) }) })
     }
 
     /// The configuration it runs with.
@@ -204,8 +189,7 @@ impl Admission {
                 }
             })
             .collect();
-        let cpu = self.shared.cpu.as_ref().map(CpuGate::snapshot);
-        Snapshot::from_classes(cfg, classes, self.shared.bypassed.load(Ordering::Relaxed), &all, cpu)
+        Snapshot::from_classes(cfg, classes, self.shared.bypassed.load(Ordering::Relaxed), &all)
     }
 
     pub(crate) fn count_bypass(&self) {
@@ -220,8 +204,8 @@ impl Admission {
         }
     }
 
-    /// The door: admit now, queue, hold (the CPU gate's pacing), or refuse. Never blocks beyond
-    /// the class and gate locks.
+    /// The door: the class's limit and queue. Admit now, queue or refuse; never blocks beyond the
+    /// class lock. The deadline header is read only if the request cannot go straight in.
     pub(crate) fn admit(
         &self,
         id: ClassId,
@@ -229,44 +213,6 @@ impl Admission {
         client_timeout: impl FnOnce() -> Option<Duration>,
     ) -> Decision {
         let now = Instant::now();
-        // The deadline header is read at most once: by the gate if it would hold the request,
-        // or by the class if it cannot go straight in.
-        let mut unread = Some(client_timeout);
-        let mut read: Option<Option<Duration>> = None;
-        let mut client_timeout = || *read.get_or_insert_with(|| unread.take().and_then(|f| f()));
-        if let Some(gate) = &self.shared.cpu {
-            match gate.pass(tenant, now, &mut client_timeout) {
-                Verdict::Pass => {}
-                Verdict::Hold(until) => return Decision::Pace(until),
-                Verdict::Refuse => {
-                    // Not counted in the class's window: its pressure (offered / admitted)
-                    // measures the class's own overload, which the gate's refusals are not.
-                    let (id, class) = self.class(id);
-                    let mut st = lock(&class.state);
-                    st.shed.cpu_quota += 1;
-                    return Decision::Refuse(st.refusal(id, &class.config, RefusalReason::CpuQuota));
-                }
-                Verdict::Late { wait, timeout } => {
-                    // Its turn would come after the client has given up: the same refusal as
-                    // the class's own deadline check, with the hold as the expected wait (and
-                    // `Retry-After` from it).
-                    let (id, class) = self.class(id);
-                    let mut st = lock(&class.state);
-                    return Decision::Refuse(st.deadline_refusal(id, &class.config, wait.as_secs_f64(), timeout));
-                }
-            }
-        }
-        self.enter(id, tenant, now, client_timeout)
-    }
-
-    /// Past the CPU gate: the class's limit and queue. Admit, queue or refuse; never [`Decision::Pace`].
-    pub(crate) fn enter(
-        &self,
-        id: ClassId,
-        tenant: Option<u64>,
-        now: Instant,
-        client_timeout: impl FnOnce() -> Option<Duration>,
-    ) -> Decision {
         let cfg = &self.shared.config;
         let (id, class) = self.class(id);
         let mut st = lock(&class.state);
@@ -345,9 +291,6 @@ impl Admission {
             if *n == 0 {
                 st.tenant_slots.remove(&guard.tenant);
             }
-        }
-        if let Some(gate) = &self.shared.cpu {
-            gate.completed();
         }
         let (completed, probe, admitted_at) = (guard.completed, guard.probe, guard.admitted_at);
         if completed {

@@ -6,12 +6,10 @@
 //! their own limit and queue, so cheap reads (one conversation, a page of messages) and writes
 //! never wait behind them.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, Request};
-use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, CpuMeter, Mode, Route};
-use breakwater_cgroup::CpuAccount;
+use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, ClassId, Mode, Route};
 
 use crate::auth::Verified;
 
@@ -43,64 +41,6 @@ pub struct AdmissionSettings {
     /// The adaptive limit's ceiling.
     #[arg(long = "admission-max-limit", env = "ADMISSION_MAX_LIMIT", default_value_t = 1000)]
     pub max_limit: usize,
-    /// Under a CPU quota (the container's CPU limit, read from the process's cgroup), the share of
-    /// it the CPU gate keeps CPU use under, refusing the heaviest tenants' excess past it. Adaptive
-    /// mode only; 0 (the default) is no gate, 0.95 the value measured (docs/ADMISSION.md: it
-    /// trades throughput for refusal latency and tenant isolation). Without a quota, no gate.
-    #[arg(long = "admission-cpu-target", env = "ADMISSION_CPU_TARGET", default_value_t = 0.0)]
-    pub cpu_target: f64,
-    /// The longest the CPU gate holds a request of a tenant over its share, pacing it, before it
-    /// refuses instead (milliseconds; 0: refuse at once). Callers that wait for each answer are
-    /// slowed to their share instead of refused.
-    #[arg(long = "admission-cpu-pace-ms", env = "ADMISSION_CPU_PACE_MS", default_value_t = 50)]
-    pub cpu_pace_ms: u64,
-    /// The CPU quota in cores, used instead of the quota read from the process's cgroup (on ECS
-    /// Fargate the task's limit can sit on a parent group the container cannot see). Default:
-    /// read it.
-    #[arg(long = "admission-cpu-cores", env = "ADMISSION_CPU_CORES")]
-    pub cpu_cores: Option<f64>,
-}
-
-/// The process's cgroup, as the CPU gate's meter.
-#[derive(Debug)]
-struct CgroupMeter {
-    account: CpuAccount,
-    cores: f64,
-}
-
-impl CpuMeter for CgroupMeter {
-    fn cores(&self) -> f64 {
-        self.cores
-    }
-
-    fn usage(&self) -> Option<Duration> {
-        self.account.usage().ok()
-    }
-}
-
-/// The meter for the CPU gate: the process's cgroup, when it has a CPU quota or one is given.
-fn cpu_meter(given: Option<f64>) -> Option<Arc<dyn CpuMeter>> {
-    let account = match CpuAccount::of_self() {
-        Ok(Some(account)) => account,
-        Ok(None) => {
-            tracing::info!("no cgroup CPU accounting: no CPU gate");
-            return None;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "the process's cgroup could not be read: no CPU gate");
-            return None;
-        }
-    };
-    if let Err(e) = account.usage() {
-        tracing::warn!(error = %e, "the cgroup's CPU usage could not be read: no CPU gate");
-        return None;
-    }
-    let Some(cores) = given.or(account.cores) else {
-        tracing::info!("no CPU quota in the process's cgroup and ADMISSION_CPU_CORES unset: no CPU gate");
-        return None;
-    };
-    tracing::info!(cores, found = ?account.cores, "the CPU gate is on");
-    Some(Arc::new(CgroupMeter { account, cores }))
 }
 
 /// The caller the refusal pacer tells apart (`breakwater_admission::RetryPacing`): the verified
@@ -156,19 +96,12 @@ impl AdmissionSettings {
         let mut config = AdmissionConfig {
             mode: self.mode,
             algorithm: self.algorithm,
-            cpu_target: self.cpu_target,
-            cpu_pace: Duration::from_millis(self.cpu_pace_ms),
             classes: vec![class("default")],
             ..Default::default()
         };
         let lists = config.add_class(class("lists"));
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
-        if self.cpu_cores.is_some_and(|c| !c.is_finite() || c <= 0.0) {
-            anyhow::bail!("ADMISSION_CPU_CORES must be a positive number of cores");
-        }
-        let gated = self.mode == Mode::Adaptive && self.cpu_target > 0.0;
-        let meter = if gated { cpu_meter(self.cpu_cores) } else { None };
-        let admission = Admission::with_cpu(config, meter).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
+        let admission = Admission::new(config).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
         Ok((admission, Classes { default, lists }))
     }
 }
@@ -192,7 +125,7 @@ pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + 
     }
 }
 
-/// The key admission takes turns over (and the CPU gate counts shares by): the tenant of the
+/// The key admission takes turns over (and tells a lone tenant by): the tenant of the
 /// request's verified token (`auth::verify_request` ran before admission). A request without a
 /// valid token, forged, expired or absent, gets `None`: every such request shares that one
 /// anonymous key, so a forged claim can neither be counted against a victim tenant's share nor

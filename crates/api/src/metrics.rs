@@ -169,9 +169,6 @@ struct LiveSeries {
     admission_admitted: Family<ClassLabel, Counter>,
     admission_shed: Family<ShedLabels, Counter>,
     admission_p95_ms: Family<ClassLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    admission_cpu_utilization: Gauge<f64, std::sync::atomic::AtomicU64>,
-    admission_cpu_gate_shut: Gauge,
-    admission_cpu_held: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -298,21 +295,6 @@ impl Metrics {
         registry.register("admission_admitted", "Requests admitted", g.admission_admitted.clone());
         registry.register("admission_shed", "Requests refused by admission, by reason", g.admission_shed.clone());
         registry.register("admission_p95_ms", "p95 latency of admitted requests, ms", g.admission_p95_ms.clone());
-        registry.register(
-            "admission_cpu_utilization",
-            "CPU used in the CPU gate's last window, as a share of the quota (-1: no CPU gate)",
-            g.admission_cpu_utilization.clone(),
-        );
-        registry.register(
-            "admission_cpu_gate_shut",
-            "1 while the CPU gate is shut (pacing and refusing the heaviest tenants), 0 when open (-1: no CPU gate)",
-            g.admission_cpu_gate_shut.clone(),
-        );
-        registry.register(
-            "admission_cpu_held",
-            "Requests the CPU gate held (paced) before letting them through (0 with no CPU gate)",
-            g.admission_cpu_held.clone(),
-        );
         let jobs = JobGauges::default();
         register_jobs(&mut registry, &jobs);
         let runtime = RuntimeSeries::default();
@@ -398,9 +380,6 @@ impl Metrics {
         }
         advance(&g.throttle_refused_ahead, t.refused_ahead);
         let admission = state.admission.snapshot();
-        g.admission_cpu_utilization.set(admission.cpu.as_ref().map_or(-1.0, |c| c.utilization));
-        g.admission_cpu_gate_shut.set(admission.cpu.as_ref().map_or(-1, |c| i64::from(c.shut)));
-        advance(&g.admission_cpu_held, admission.cpu.as_ref().map_or(0, |c| c.held_total));
         for c in admission.classes {
             let class = ClassLabel { class: c.name.clone() };
             g.admission_limit.get_or_create(&class).set(c.limit.map_or(-1, usize_i64));
@@ -412,7 +391,6 @@ impl Metrics {
                 ("queue_full", c.shed.queue_full),
                 ("queue_timeout", c.shed.queue_timeout),
                 ("deadline", c.shed.deadline),
-                ("cpu_quota", c.shed.cpu_quota),
             ] {
                 advance(&g.admission_shed.get_or_create(&ShedLabels { class: c.name.clone(), reason }), n);
             }
