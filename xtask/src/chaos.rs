@@ -694,8 +694,16 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
 
     let down: Vec<&Sample> = samples.iter().filter(|s| s.at >= stopped_at && s.at < restart_at).collect();
     let down_tally = tally(down.iter().copied());
-    let down_max = down.iter().map(|s| s.took).max().unwrap_or_default();
+    // Admission's refusals to a caller that came back before its `Retry-After` are held until
+    // then by design (the caller pays in its own time, docs/ADMISSION.md), for at most the
+    // pacer's cap: they are bounded by the cap past the same 2 s, everything else by 2 s.
+    let is_shed =
+        |s: &&&Sample| matches!(&s.outcome, Outcome::Status { code: Some(c), .. } if SHED_503.contains(&c.as_str()));
+    let down_max = down.iter().filter(|s| !is_shed(s)).map(|s| s.took).max().unwrap_or_default();
+    let shed_max = down.iter().filter(is_shed).map(|s| s.took).max().unwrap_or_default();
     let down_p99 = percentile(down.iter().map(|s| s.took).collect(), 99);
+    let pacing = pacing_status(api).await;
+    let max_hold = Duration::from_secs_f64(pacing.map_or(0.0, |p| p.0) / 1000.0);
     // A 2xx "while down" can only be a request that waited for the database to come back (the
     // pool keeps trying to connect until its acquire timeout): when were they sent, and answered?
     let ok_down: Vec<String> = down
@@ -726,9 +734,18 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
     report.check(
         S,
         "while down: answered quickly",
-        "max < 2000 ms (no 15 s hangs)",
-        format!("p99 {}, max {}", ms(down_p99), ms(down_max)),
-        down_max < Duration::from_secs(2),
+        &format!(
+            "max < 2000 ms (no 15 s hangs); admission's refusals held for early callers < 2000 ms + the pacer's cap ({})",
+            ms(max_hold)
+        ),
+        format!(
+            "p99 {}; max {} (admission's refusals: {}; {} refusals held since start)",
+            ms(down_p99),
+            ms(down_max),
+            ms(shed_max),
+            pacing.map_or_else(|| "-".to_owned(), |p| p.1.to_string())
+        ),
+        pacing.is_some() && down_max < Duration::from_secs(2) && shed_max < Duration::from_secs(2) + max_hold,
     );
 
     // "Serves normally" is judged against the same run before the fault: the same load, the same
@@ -817,6 +834,15 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
 
 // ---------------------------------------------------------------------------------------------
 // Redis killed and restarted under load.
+
+/// The pacer's cap on a hold (ms) and its held refusals since start, from `/v1/ops/status`.
+async fn pacing_status(api: &Api) -> Option<(f64, u64)> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+    let r = client.get(format!("{}/v1/ops/status", api.ops_base())).send().await.ok()?;
+    let v: Value = r.json().await.ok()?;
+    let p = &v["layers"]["retry_pacing"];
+    Some((p["max_hold_ms"].as_f64()?, p["held_total"].as_u64()?))
+}
 
 async fn throttle_state(client: &reqwest::Client, ops: &str) -> Option<String> {
     let r = client.get(format!("{ops}/v1/ops/status")).send().await.ok()?;

@@ -65,14 +65,13 @@ pub(crate) struct LabArgs {
     /// --out is given (never into docs/PERFORMANCE.md).
     #[arg(long, default_value = "0.25", value_parser = crate::pinned::parse_cpus)]
     api_cpus: Millicores,
-    /// Only these runs of each variant (comma-separated: sweep, ramp, change, noisy); the
-    /// capacity is always calibrated first. A subset is an experiment, reported like --api-cpus.
+    /// Only these runs (comma-separated: refusals, sweep, sweep-honouring, sweep-one, ramp,
+    /// ramp-one, ramp-honouring, change, noisy, flood); the capacity is always calibrated first.
+    /// A subset is an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// The variants, in order (comma-separated: off, static, adaptive, and adaptive-cpu-T, adaptive
-    /// with `ADMISSION_CPU_TARGET=T`, T in [0, 1], 0 being no CPU gate; adaptive-cpu-T-pace-MS
-    /// also sets `ADMISSION_CPU_PACE_MS=MS`, 0 refusing instead of holding). Anything but the full
-    /// lab's off, static, adaptive, adaptive-cpu-0.95 is an experiment, reported like --api-cpus.
+    /// The variants, in order (comma-separated: off, static, adaptive). Anything but all three is
+    /// an experiment, reported like --api-cpus.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Skip the calibration and run at this capacity (req/s): to compare two builds at the same
@@ -89,43 +88,57 @@ fn parse_capacity(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Every run of a variant, in order.
-const PHASES: [&str; 4] = ["sweep", "ramp", "change", "noisy"];
+/// Every run, in order: the refusal cost once, then each variant's.
+const PHASES: [&str; 10] = [
+    "refusals",
+    "sweep",
+    "sweep-honouring",
+    "sweep-one",
+    "ramp",
+    "ramp-one",
+    "ramp-honouring",
+    "change",
+    "noisy",
+    "flood",
+];
 
 fn every_phase() -> Vec<String> {
     PHASES.iter().map(|p| (*p).to_owned()).collect()
 }
 
-/// The variants of the full lab, in order: adaptive with its CPU gate (at 0.95; off by default)
-/// beside adaptive, so that one run shows what the gate buys and what it costs.
-const VARIANTS: [&str; 4] = ["off", "static", "adaptive", "adaptive-cpu-0.95"];
-/// Adaptive admission with another CPU target (`adaptive-cpu-0.95`; 0: no CPU gate), for
-/// experiments.
-const CPU_TARGET_VARIANT: &str = "adaptive-cpu-";
-
-/// The CPU target of an `adaptive-cpu-T[-pace-MS]` variant, and its pace if given.
-pub(crate) fn cpu_target(variant: &str) -> Option<(f64, Option<u64>)> {
-    let rest = variant.strip_prefix(CPU_TARGET_VARIANT)?;
-    let (target, pace) = match rest.split_once("-pace-") {
-        // The API takes a pace of at most a second.
-        Some((target, pace)) => (target, Some(pace.parse().ok().filter(|p| *p <= 1000)?)),
-        None => (rest, None),
-    };
-    let target: f64 = target.parse().ok()?;
-    (0.0..=1.0).contains(&target).then_some((target, pace))
-}
+/// The variants of the full lab, in order.
+const VARIANTS: [&str; 3] = ["off", "static", "adaptive"];
 
 fn every_variant() -> Vec<String> {
     VARIANTS.iter().map(|v| (*v).to_owned()).collect()
 }
 
-/// The full lab's variants before `adaptive-cpu-0.95` joined them.
-fn legacy_variants() -> Vec<String> {
-    ["off", "static", "adaptive"].iter().map(|v| (*v).to_owned()).collect()
-}
-
 fn quarter_core() -> f64 {
     Millicores::QUARTER.cores()
+}
+
+fn honour_multiples() -> Vec<f64> {
+    vec![2.0, 10.0]
+}
+
+fn flood_callers() -> usize {
+    64
+}
+
+fn flood_share() -> f64 {
+    0.25
+}
+
+fn flood_step_s() -> f64 {
+    30.0
+}
+
+fn refusal_callers() -> usize {
+    16
+}
+
+fn refusal_step_s() -> f64 {
+    10.0
 }
 
 /// Step lengths and points of a run; `quick` is the CI smoke shape.
@@ -138,9 +151,8 @@ pub(crate) struct Plan {
     /// The runs made of each variant (all four but in experiments).
     #[serde(default = "every_phase")]
     pub(crate) phases: Vec<String>,
-    /// The variants run (the four of the full lab but in experiments). A lab.json written before
-    /// the option existed ran the three of the time.
-    #[serde(default = "legacy_variants")]
+    /// The variants run (the three of the full lab but in experiments).
+    #[serde(default = "every_variant")]
     pub(crate) variants: Vec<String>,
     /// The capacity given with `--capacity` instead of calibrated (experiments only).
     #[serde(default)]
@@ -159,6 +171,23 @@ pub(crate) struct Plan {
     pub(crate) noisy_base: f64,
     pub(crate) noisy_factor: f64,
     pub(crate) noisy_step_s: f64,
+    /// The honouring ramp: clients that wait out `Retry-After`, at these multiples of capacity.
+    #[serde(default = "honour_multiples")]
+    pub(crate) honour_multiples: Vec<f64>,
+    /// The flood: one tenant's closed loop of this many callers over its throttle...
+    #[serde(default = "flood_callers")]
+    pub(crate) flood_callers: usize,
+    /// ...which admits this share of the capacity (rate and burst), while the other tenants
+    /// offer their normal share of `noisy_base` x capacity.
+    #[serde(default = "flood_share")]
+    pub(crate) flood_share: f64,
+    #[serde(default = "flood_step_s")]
+    pub(crate) flood_step_s: f64,
+    /// The refusal cost: closed-loop callers against a server that refuses everything.
+    #[serde(default = "refusal_callers")]
+    pub(crate) refusal_callers: usize,
+    #[serde(default = "refusal_step_s")]
+    pub(crate) refusal_step_s: f64,
     pub(crate) timeout_s: f64,
     pub(crate) max_in_flight: usize,
     pub(crate) sample_interval_ms: u64,
@@ -172,7 +201,7 @@ impl Plan {
             phases: every_phase(),
             variants: every_variant(),
             given_capacity: None,
-            sweep_callers: vec![4, 16, 32, 192],
+            sweep_callers: vec![4, 16, 32, 192, 1000],
             sweep_step_s: 10.0,
             calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0, 2000.0],
             calibration_step_s: 5.0,
@@ -184,6 +213,12 @@ impl Plan {
             noisy_base: 0.5,
             noisy_factor: 10.0,
             noisy_step_s: 30.0,
+            honour_multiples: honour_multiples(),
+            flood_callers: flood_callers(),
+            flood_share: flood_share(),
+            flood_step_s: flood_step_s(),
+            refusal_callers: refusal_callers(),
+            refusal_step_s: refusal_step_s(),
             timeout_s: 5.0,
             max_in_flight: 2048,
             sample_interval_ms: 1000,
@@ -201,6 +236,9 @@ impl Plan {
             pause_s: 1.0,
             change_phases_s: [3.0, 5.0, 3.0],
             noisy_step_s: 3.0,
+            flood_callers: 16,
+            flood_step_s: 3.0,
+            refusal_step_s: 2.0,
             sample_interval_ms: 500,
             ..full
         }
@@ -212,11 +250,11 @@ impl Plan {
         (self.api_cpus - quarter_core()).abs() > 1e-9
             || self.given_capacity.is_some()
             || self.phases != every_phase()
-            || (self.variants != every_variant() && self.variants != legacy_variants())
+            || self.variants != every_variant()
     }
 
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
-    pub(crate) fn profiles(&self, noisy_rps: f64) -> String {
+    pub(crate) fn profiles(&self, noisy_rps: f64, others_rps: f64) -> String {
         let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
         let mut t = format!(
             "# Written by `cargo xtask lab`: the stages of one lab run.\n\n[defaults]\nreader_share = 0.3\n\
@@ -257,6 +295,21 @@ impl Plan {
             self.noisy_factor,
             secs(self.noisy_step_s)
         ));
+        t.push_str(
+            "\n[profiles.lab-ramp-honouring]\ndescription = \"Clients that wait out Retry-After, past capacity.\"\nstages = [\n",
+        );
+        for m in &self.honour_multiples {
+            t.push_str(&format!(
+                "  {{ name = \"{}\", duration = \"{}\", capacity = {m} }},\n",
+                lab_report::multiple_label(*m),
+                secs(self.ramp_step_s)
+            ));
+        }
+        t.push_str(&format!(
+            "]\n\n[profiles.lab-flood-others]\ndescription = \"The tenants beside a flooding one, at their normal rate.\"\n\
+             stages = [\n  {{ name = \"others\", duration = \"{}\", rps = {others_rps:.1} }},\n]\n",
+            secs(self.flood_step_s)
+        ));
         t
     }
 }
@@ -284,10 +337,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         plan.api_cpus = args.api_cpus.cores();
     }
     for v in &args.variants {
-        anyhow::ensure!(
-            VARIANTS.contains(&v.as_str()) || cpu_target(v).is_some(),
-            "unknown variant {v:?}; known: off, static, adaptive and {CPU_TARGET_VARIANT}T[-pace-MS] with T in [0, 1]"
-        );
+        anyhow::ensure!(VARIANTS.contains(&v.as_str()), "unknown variant {v:?}; known: {VARIANTS:?}");
     }
     if !args.variants.is_empty() {
         plan.variants.clone_from(&args.variants);
@@ -373,11 +423,15 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     let (profile, bin) =
         if args.quick { (None, root.join("target/debug")) } else { (Some("--release"), root.join("target/release")) };
     if !args.no_build {
-        log(&format!("building the {} binaries (api, seed, loadlab)", if args.quick { "debug" } else { "release" }));
+        log(&format!(
+            "building the {} binaries (api, seed, loadlab, the canned refusal)",
+            if args.quick { "debug" } else { "release" }
+        ));
         let status = std::process::Command::new(services::cargo())
             .args(["build", "-p", "breakwater-api", "-p", "breakwater-seed", "-p", "breakwater-loadlab"])
             .args(profile)
             .args(["--bin", "breakwater-api", "--bin", "breakwater-seed", "--bin", "loadlab"])
+            .args(["--example", "canned_refusal"])
             .current_dir(&root)
             .status()?;
         anyhow::ensure!(status.success(), "the build failed");
@@ -397,6 +451,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         capacity: None,
         variants: Vec::new(),
         noisy_tenant_share: tokens.top_share,
+        refusal_cost: None,
         wall_s: 0.0,
     };
     let pin = pinning.is_ok();
@@ -414,35 +469,72 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     };
 
     // 1. The capacity, once: a short absolute-rate ramp against the adaptive variant. (The
-    // noisy-neighbour rate depends on it: the profiles file is written again below.)
-    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(1.0))?;
+    // noisy-neighbour and flood rates depend on it: the profiles file is written again below.)
+    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(1.0, 1.0))?;
     let capacity = match plan.given_capacity {
         Some(rps) => Capacity { rps, how: "given with --capacity, not measured".into(), calibration: Vec::new() },
         None => {
-            let cal =
-                ctx.phase("adaptive", "calibrate", Throttles::Off, Load::Profile("lab-calibrate", None), None).await?;
+            let cal = ctx.phase(Spec::api("adaptive", "calibrate", ctx.profile("lab-calibrate", None))).await?;
             Capacity::from_calibration(&cal, plan.quick)?
         }
     };
     log(&format!("capacity {:.0} req/s ({})", capacity.rps, capacity.how));
     lab.capacity = Some(capacity.clone());
-
-    // 2. Each variant: the sweep, the ramp, the capacity change, the noisy neighbour.
     let noisy_rps = ctx.tokens.noisy_rps(capacity.rps * plan.noisy_base, plan.noisy_factor);
-    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(noisy_rps))?;
+    let others_rps = capacity.rps * plan.noisy_base * (1.0 - ctx.tokens.top_share);
+    std::fs::write(ctx.runs.join("profiles.toml"), plan.profiles(noisy_rps, others_rps))?;
+
+    // 2. What a refusal costs: the API refusing everything, and a bare hyper server's canned 503.
+    if runs("refusals") {
+        let mut cost = lab_report::RefusalCost::default();
+        for (server, name) in [(Server::Api, "api"), (Server::Floor, "floor")] {
+            for new_connections in [false, true] {
+                let phase = format!("refusals-{}", if new_connections { "new-connections" } else { "kept-alive" });
+                let spec = Spec { server, ..Spec::api(name, &phase, Load::Refusals { new_connections }) };
+                let run = ctx.phase(spec).await?;
+                cost.record(name, new_connections, lab_report::rows(&run, None).into_iter().next());
+            }
+        }
+        lab.refusal_cost = Some(cost);
+    }
+
+    // 3. Each variant: the sweeps, the ramps, the capacity change, the noisy neighbour, the flood.
     for variant in plan.variants.iter().map(String::as_str) {
         let mut v = Variant { name: variant.into(), ..Variant::default() };
         let mut done = Vec::new();
-        if runs("sweep") {
-            let sweep = ctx.phase(variant, "sweep", Throttles::Off, Load::Sweep, None).await?;
-            v.sweep = lab_report::rows(&sweep, None);
-            done.push(sweep);
+        let weighted = ctx.tokens.path.clone();
+        let one = ctx.tokens.one_path.clone();
+        for (phase, tokens, honour) in
+            [("sweep", &weighted, false), ("sweep-honouring", &weighted, true), ("sweep-one", &one, false)]
+        {
+            if runs(phase) {
+                let run = ctx.phase(Spec::api(variant, phase, Load::Sweep { tokens: tokens.clone(), honour })).await?;
+                let rows = lab_report::rows(&run, None);
+                match phase {
+                    "sweep" => v.sweep = rows,
+                    "sweep-honouring" => v.sweep_honouring = rows,
+                    _ => v.sweep_one = rows,
+                }
+                done.push(run);
+            }
         }
-        if runs("ramp") {
-            let ramp =
-                ctx.phase(variant, "ramp", Throttles::Off, Load::Profile("lab-ramp", Some(capacity.rps)), None).await?;
-            v.ramp = lab_report::rows(&ramp, Some(capacity.rps));
-            done.push(ramp);
+        for (phase, profile, tokens, honour) in [
+            ("ramp", "lab-ramp", &weighted, false),
+            ("ramp-one", "lab-ramp", &one, false),
+            ("ramp-honouring", "lab-ramp-honouring", &weighted, true),
+        ] {
+            if runs(phase) {
+                let load =
+                    Load::Profile { name: profile, capacity: Some(capacity.rps), tokens: tokens.clone(), honour };
+                let run = ctx.phase(Spec::api(variant, phase, load)).await?;
+                let rows = lab_report::rows(&run, Some(capacity.rps));
+                match phase {
+                    "ramp" => v.ramp = rows,
+                    "ramp-one" => v.ramp_one = rows,
+                    _ => v.ramp_honouring = rows,
+                }
+                done.push(run);
+            }
         }
         if runs("change") {
             let slowdown = if ctx.pin {
@@ -450,22 +542,29 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             } else {
                 Slowdown::Burn(Burn::new(args.burners.max(1) / if plan.quick { 2 } else { 1 }))
             };
-            let change = ctx
-                .phase(
-                    variant,
-                    "capacity-change",
-                    Throttles::Off,
-                    Load::Profile("lab-capacity-change", Some(capacity.rps)),
-                    Some(slowdown),
-                )
-                .await?;
+            let load = ctx.profile("lab-capacity-change", Some(capacity.rps));
+            let change =
+                ctx.phase(Spec { slowdown: Some(slowdown), ..Spec::api(variant, "capacity-change", load) }).await?;
             v.change = lab_report::change(&change);
             done.push(change);
         }
         if runs("noisy") {
-            let noisy = ctx.phase(variant, "noisy", Throttles::Tenants, Load::Noisy, None).await?;
+            let load = Load::Profile {
+                name: "lab-noisy",
+                capacity: None,
+                tokens: ctx.tokens.noisy_path.clone(),
+                honour: false,
+            };
+            let noisy = ctx.phase(Spec { throttles: Throttles::Tenants, ..Spec::api(variant, "noisy", load) }).await?;
             v.noisy = Noisy::from_run(&noisy, &ctx.tokens.noisy_tenant);
             done.push(noisy);
+        }
+        if runs("flood") {
+            let rate = (capacity.rps * plan.flood_share).max(1.0);
+            let spec = Spec { throttles: Throttles::Flood, ..Spec::api(variant, "flood", Load::Flood { rate }) };
+            let flood = ctx.phase(spec).await?;
+            v.flood = lab_report::Flood::from_run(&flood, &ctx.tokens.noisy_tenant, rate);
+            done.push(flood);
         }
         v.peak_rss_bytes = done.iter().filter_map(|p| p.cgroup_peak).max();
         v.oom_kills = done.iter().map(|p| p.cgroup_oom_kills).sum();
@@ -493,13 +592,51 @@ enum Throttles {
     /// On, per tenant at the API's default; per IP and per user set out of reach (all load comes
     /// from one address, and each tenant's traffic from a few users).
     Tenants,
+    /// On, every limit out of reach but the flooding tenant's own (its plan, set in the database).
+    Flood,
 }
 
+/// What drives a run.
 enum Load {
-    Sweep,
-    Profile(&'static str, Option<f64>),
-    Noisy,
+    /// The closed-loop sweep over the inbox and contacts lists.
+    Sweep { tokens: PathBuf, honour: bool },
+    /// A profile of the profiles file.
+    Profile { name: &'static str, capacity: Option<f64>, tokens: PathBuf, honour: bool },
+    /// One tenant's closed loop over its throttle (`rate` a second, as much burst) beside the
+    /// others' normal open loop.
+    Flood { rate: f64 },
+    /// Closed-loop callers against a server that refuses everything.
+    Refusals { new_connections: bool },
 }
+
+/// What answers a run.
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    Api,
+    /// The canned refusal: a bare hyper server's 503, the floor of a refusal's cost.
+    Floor,
+}
+
+/// One run.
+struct Spec<'a> {
+    variant: &'a str,
+    phase: &'a str,
+    server: Server,
+    throttles: Throttles,
+    load: Load,
+    slowdown: Option<Slowdown>,
+}
+
+impl<'a> Spec<'a> {
+    /// The API with `variant`, throttles off, no slowdown.
+    fn api(variant: &'a str, phase: &'a str, load: Load) -> Self {
+        Self { variant, phase, server: Server::Api, throttles: Throttles::Off, load, slowdown: None }
+    }
+}
+
+/// The API's environment at the production task's size (the CloudFormation stack's 256-512
+/// tier): one runtime thread and the accept rate it sets there.
+const PRODUCTION_TIER: [(&str, &str); 2] = [("TOKIO_WORKER_THREADS", "1"), ("MAX_ACCEPT_RATE", "2000")];
 
 struct Ctx {
     /// The seeded database each run's copy is made from.
@@ -544,35 +681,109 @@ impl Ctx {
         format!("http://127.0.0.1:{}", self.port + 1)
     }
 
-    /// Starts the API (pinned when it can be) with `variant`, runs one load against it, stops it.
-    async fn phase(
-        &self,
-        variant: &str,
-        phase: &str,
-        throttles: Throttles,
-        load: Load,
-        slowdown: Option<Slowdown>,
-    ) -> anyhow::Result<PhaseRun> {
+    /// A profile run with the weighted tokens, not honouring `Retry-After`.
+    fn profile(&self, name: &'static str, capacity: Option<f64>) -> Load {
+        Load::Profile { name, capacity, tokens: self.tokens.path.clone(), honour: false }
+    }
+
+    /// The load lab's command for one load: its arguments, the sampling and the output.
+    fn loadlab(&self, load: &Load, server: Server, pid: u32, out: &Path) -> Vec<tokio::process::Command> {
+        let p = &self.plan;
+        let base = self.base();
+        let ops = self.ops_base();
+        let ms = |s: f64| format!("{}ms", (s * 1000.0).round());
+        let lists = [format!("{base}/v1/conversations?status=open&limit=25"), format!("{base}/v1/contacts?limit=25")];
+        let sweep = |callers: &[usize], step_s: f64, tokens: &Path, extra: &[&str]| {
+            let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
+            let callers: Vec<String> = callers.iter().map(ToString::to_string).collect();
+            ll.arg("sweep").args(["--url", &lists[0]]).args(["--url", &lists[1]]);
+            ll.args(["--concurrency", &callers.join(",")]).args(["--step", &ms(step_s)]);
+            ll.args(["--pause", &ms(p.pause_s)]).arg("--tokens").arg(tokens).args(extra);
+            if matches!(server, Server::Api) {
+                ll.args(["--ops-url", &format!("{ops}/v1/ops/status")]);
+            }
+            ll
+        };
+        let profile = |name: &str, capacity: Option<f64>, tokens: &Path, honour: bool| {
+            let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
+            ll.args(["profile", name, "--base", &base, "--ops-base", &ops])
+                .arg("--profiles")
+                .arg(self.runs.join("profiles.toml"));
+            if let Some(c) = capacity {
+                ll.args(["--capacity", &format!("{c:.1}")]);
+            }
+            ll.args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()]).arg("--tokens").arg(tokens);
+            if honour {
+                ll.arg("--honour-retry-after");
+            }
+            ll
+        };
+        let mut cmds = match load {
+            Load::Sweep { tokens, honour } => {
+                vec![sweep(
+                    &p.sweep_callers,
+                    p.sweep_step_s,
+                    tokens,
+                    if *honour { &["--honour-retry-after"] } else { &[] },
+                )]
+            }
+            Load::Profile { name, capacity, tokens, honour } => vec![profile(name, *capacity, tokens, *honour)],
+            // The others first: the phase's step ends are read from the first command's lines.
+            Load::Flood { .. } => vec![
+                profile("lab-flood-others", None, &self.tokens.others_path, false),
+                sweep(&[p.flood_callers], p.flood_step_s, &self.tokens.one_path, &[]),
+            ],
+            Load::Refusals { new_connections } => {
+                let extra: &[&str] = if *new_connections { &["--new-connection-per-request"] } else { &[] };
+                vec![sweep(&[p.refusal_callers], p.refusal_step_s, &self.tokens.path, extra)]
+            }
+        };
+        let interval = format!("{}ms", p.sample_interval_ms);
+        let timeout = ms(p.timeout_s);
+        for (i, ll) in cmds.iter_mut().enumerate() {
+            let out = if i == 0 { out.to_path_buf() } else { out.with_extension(format!("{i}.json")) };
+            ll.args(["--pid", &pid.to_string(), "--sample-interval", &interval, "--timeout", &timeout])
+                .args(["--max-in-flight", &p.max_in_flight.to_string()])
+                .arg("--out")
+                .arg(out)
+                .stdin(Stdio::null())
+                .kill_on_drop(true);
+        }
+        cmds
+    }
+
+    /// Starts the server (pinned when it can be), runs one load against it, stops it.
+    async fn phase(&self, spec: Spec<'_>) -> anyhow::Result<PhaseRun> {
+        let Spec { variant, phase, server, throttles, load, slowdown } = spec;
         let name = format!("{variant}-{phase}");
         log(&format!("== {name} =="));
-        self.fresh_copy(&self.template).await?;
+        if matches!(server, Server::Api) {
+            self.fresh_copy(&self.template).await?;
+        }
+        if let Load::Flood { rate } = load {
+            self.flood_plan(rate).await?;
+        }
         let limits = Limits::new(self.cpus, 100_000, MEMORY)?;
         let pinned = if self.pin { Some(Pinned::create(limits)?) } else { None };
-        let argv: Vec<std::ffi::OsString> = vec![self.bin.join("breakwater-api").into(), "serve".into()];
+        let argv: Vec<std::ffi::OsString> = match server {
+            Server::Api => vec![self.bin.join("breakwater-api").into(), "serve".into()],
+            Server::Floor => vec![self.bin.join("examples/canned_refusal").into(), self.port.to_string().into()],
+        };
         let mut cmd = match &pinned {
             Some(p) => p.command(&argv)?,
             None => {
                 let mut c = tokio::process::Command::new(&argv[0]);
-                c.arg("serve").process_group(0);
+                c.args(&argv[1..]).process_group(0);
                 c
             }
         };
         let api_log = std::fs::File::create(self.runs.join(format!("{name}.api.log")))?;
-        cmd.env("DATABASE_URL", &self.db_url)
+        cmd.envs(PRODUCTION_TIER)
+            .env("DATABASE_URL", &self.db_url)
             .env("APP_ENV", "development")
             .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))
             .env("OPS_ADDR", format!("127.0.0.1:{}", self.port + 1))
-            .env("ADMISSION", if cpu_target(variant).is_some() { "adaptive" } else { variant })
+            .env("ADMISSION", variant)
             .env("ADMISSION_STATIC_LIMIT", "80")
             .env("SHUTDOWN_GRACE_SECS", "2")
             .env("LOG_FORMAT", "json")
@@ -581,78 +792,51 @@ impl Ctx {
             .stdout(api_log.try_clone()?)
             .stderr(api_log)
             .kill_on_drop(true);
-        if let Some((target, pace)) = cpu_target(variant) {
-            cmd.env("ADMISSION_CPU_TARGET", target.to_string());
-            if let Some(pace) = pace {
-                cmd.env("ADMISSION_CPU_PACE_MS", pace.to_string());
-            }
+        if matches!(load, Load::Refusals { .. }) {
+            // Every request refused at once: no slot, no queue, no hold.
+            cmd.env("ADMISSION", "static")
+                .env("ADMISSION_STATIC_LIMIT", "0")
+                .env("ADMISSION_QUEUE", "0")
+                .env("RETRY_HOLD_MAX_MS", "0");
         }
+        let unreachable = [("THROTTLE_IP_RATE", "1000000"), ("THROTTLE_IP_BURST", "1000000")];
+        let users = [("THROTTLE_USER_RATE", "1000000"), ("THROTTLE_USER_BURST", "1000000")];
         match throttles {
             Throttles::Off => {
                 cmd.env("THROTTLES", "off");
             }
             Throttles::Tenants => {
-                cmd.env("THROTTLES", "on").env("THROTTLE_IP_RATE", "1000000").env("THROTTLE_IP_BURST", "1000000");
-                cmd.env("THROTTLE_USER_RATE", "1000000").env("THROTTLE_USER_BURST", "1000000");
+                cmd.env("THROTTLES", "on").envs(unreachable).envs(users);
+            }
+            Throttles::Flood => {
+                cmd.env("THROTTLES", "on").envs(unreachable).envs(users);
+                cmd.env("THROTTLE_TENANT_RATE", "1000000").env("THROTTLE_TENANT_BURST", "1000000");
             }
         }
-        let mut api = cmd.spawn().context("starting the API")?;
-        let pid = api.id().context("the API exited at once")?;
+        let mut api = cmd.spawn().context("starting the server")?;
+        let pid = api.id().context("the server exited at once")?;
         wait_healthy(self.port, &mut api).await?;
 
         let sampler = Sampler::start(self, pinned.as_ref(), Duration::from_millis(self.plan.sample_interval_ms)).await;
         let out = self.runs.join(format!("{name}.json"));
-        let table = self.runs.join(format!("{name}.txt"));
-        let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
-        let p = &self.plan;
-        let timeout = format!("{}ms", (p.timeout_s * 1000.0).round());
-        let interval = format!("{}ms", p.sample_interval_ms);
-        let base = self.base();
-        let ops = self.ops_base();
-        match load {
-            Load::Sweep => {
-                let callers: Vec<String> = p.sweep_callers.iter().map(ToString::to_string).collect();
-                ll.arg("sweep")
-                    .args(["--url", &format!("{base}/v1/conversations?status=open&limit=25")])
-                    .args(["--url", &format!("{base}/v1/contacts?limit=25")])
-                    .args(["--concurrency", &callers.join(",")])
-                    .args(["--step", &format!("{}ms", (p.sweep_step_s * 1000.0).round())])
-                    .args(["--pause", &format!("{}ms", (p.pause_s * 1000.0).round())])
-                    .args(["--ops-url", &format!("{ops}/v1/ops/status")])
-                    .arg("--tokens")
-                    .arg(&self.tokens.path);
+        let mut children = Vec::new();
+        let mut lines = None;
+        for (i, mut ll) in self.loadlab(&load, server, pid, &out).into_iter().enumerate() {
+            let table = self.runs.join(format!("{name}{}.txt", if i == 0 { String::new() } else { format!(".{i}") }));
+            ll.stdout(std::fs::File::create(&table)?);
+            if i == 0 {
+                ll.stderr(Stdio::piped());
+            } else {
+                ll.stderr(std::fs::File::create(table.with_extension("log"))?);
             }
-            Load::Profile(profile, capacity) => {
-                ll.args(["profile", profile, "--base", &base, "--ops-base", &ops])
-                    .arg("--profiles")
-                    .arg(self.runs.join("profiles.toml"));
-                if let Some(c) = capacity {
-                    ll.args(["--capacity", &format!("{c:.1}")]);
-                }
-                ll.args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()])
-                    .arg("--tokens")
-                    .arg(&self.tokens.path);
+            let mut child = ll.spawn().context("starting loadlab")?;
+            if i == 0 {
+                let stderr = child.stderr.take().context("loadlab's stderr")?;
+                lines = Some(tokio::io::BufReader::new(stderr).lines());
             }
-            Load::Noisy => {
-                ll.args(["profile", "lab-noisy", "--base", &base, "--ops-base", &ops])
-                    .arg("--profiles")
-                    .arg(self.runs.join("profiles.toml"))
-                    .args(["--headroom", "1", "--server-cpus", &self.cpus.to_string()])
-                    .arg("--tokens")
-                    .arg(&self.tokens.noisy_path);
-            }
+            children.push(child);
         }
-        ll.args(["--pid", &pid.to_string(), "--sample-interval", &interval, "--timeout", &timeout])
-            .args(["--max-in-flight", &p.max_in_flight.to_string()])
-            .arg("--out")
-            .arg(&out)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&table)?)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = ll.spawn().context("starting loadlab")?;
-        let stderr = child.stderr.take().context("loadlab's stderr")?;
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let mut lines = lines.context("no load")?;
         let mut step_ends = Vec::new();
         let mut slowing: Option<Slowing> = None;
         let mut slowed = None;
@@ -673,7 +857,10 @@ impl Ctx {
                 }
             }
         }
-        let status = child.wait().await?;
+        let mut statuses = Vec::new();
+        for mut child in children {
+            statuses.push(child.wait().await?);
+        }
         if let Some(running) = slowing.take() {
             slowed = Some(running.stop().await);
         }
@@ -681,11 +868,18 @@ impl Ctx {
         let cgroup = pinned.as_ref().map(Pinned::stats);
         stop(&mut api, pid).await;
         drop(pinned);
-        anyhow::ensure!(status.success(), "loadlab failed ({status}) in {name}: see the lines above");
+        for status in statuses {
+            anyhow::ensure!(status.success(), "loadlab failed ({status}) in {name}: see the lines above");
+        }
         let report = Report::read_json(&out)?;
+        let flooder = match load {
+            Load::Flood { .. } => Some(Report::read_json(&out.with_extension("1.json"))?),
+            _ => None,
+        };
         Ok(PhaseRun {
             name,
             report,
+            flooder,
             step_ends,
             samples,
             cgroup_peak: cgroup.and_then(|c| c.peak_bytes),
@@ -693,6 +887,24 @@ impl Ctx {
             burn: slowed.as_ref().and_then(|s| s.burn.clone()),
             db_cap: slowed.and_then(|s| s.cap),
         })
+    }
+
+    /// The flood's tenant (the heaviest) gets a plan of `rate` requests a second, as much burst,
+    /// in the served copy: the API reads the plans at start.
+    async fn flood_plan(&self, rate: f64) -> anyhow::Result<()> {
+        let pool = PgPoolOptions::new().max_connections(1).connect(&self.db_url).await?;
+        let tenant: uuid::Uuid = self.tokens.noisy_tenant.parse().context("the flood's tenant id")?;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let burst = rate.round().max(1.0) as i32;
+        sqlx::query("UPDATE tenants SET throttle_rate_per_sec = $1, throttle_burst = $2 WHERE id = $3")
+            .bind(rate)
+            .bind(burst)
+            .bind(tenant)
+            .execute(&pool)
+            .await
+            .context("setting the flooding tenant's plan")?;
+        pool.close().await;
+        Ok(())
     }
 }
 
@@ -773,6 +985,10 @@ async fn seed(bin: &Path, server: &str, database: &str, quick: bool) -> anyhow::
 struct TokenSet {
     path: PathBuf,
     noisy_path: PathBuf,
+    /// The heaviest tenant's tokens alone: the one-tenant mix, and the flood.
+    one_path: PathBuf,
+    /// Every other tenant's: the tenants beside the flood.
+    others_path: PathBuf,
     tenants: usize,
     top_share: f64,
     noisy_tenant: String,
@@ -816,9 +1032,9 @@ async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<
     let top = rows.first().context("no tenants")?;
     let top_share = top.1 as f64 / total as f64;
     let noisy_tenant = top.0.to_string();
-    let write = |path: &Path, factor: f64| -> anyhow::Result<()> {
+    let write = |path: &Path, factor: f64, keep: &dyn Fn(&str) -> bool| -> anyhow::Result<()> {
         let mut text = String::new();
-        for l in &lines {
+        for l in lines.iter().filter(|l| keep(&l.tenant_id)) {
             let mut l = l.clone();
             if l.tenant_id == noisy_tenant {
                 l.weight *= factor;
@@ -830,9 +1046,13 @@ async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<
     };
     let path = runs.join("tokens.jsonl");
     let noisy_path = runs.join("tokens-noisy.jsonl");
-    write(&path, 1.0)?;
-    write(&noisy_path, noisy_factor)?;
-    Ok(TokenSet { path, noisy_path, tenants: rows.len(), top_share, noisy_tenant })
+    let one_path = runs.join("tokens-one-tenant.jsonl");
+    let others_path = runs.join("tokens-others.jsonl");
+    write(&path, 1.0, &|_| true)?;
+    write(&noisy_path, noisy_factor, &|_| true)?;
+    write(&one_path, 1.0, &|t| t == noisy_tenant)?;
+    write(&others_path, 1.0, &|t| t != noisy_tenant)?;
+    Ok(TokenSet { path, noisy_path, one_path, others_path, tenants: rows.len(), top_share, noisy_tenant })
 }
 
 fn commit(root: &Path) -> String {
@@ -1177,20 +1397,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_target_variants_parse_and_make_an_experiment() {
-        assert_eq!(cpu_target("adaptive-cpu-0.95"), Some((0.95, None)));
-        assert_eq!(cpu_target("adaptive-cpu-0"), Some((0.0, None)));
-        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-0"), Some((0.95, Some(0))));
-        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-x"), None);
-        assert_eq!(cpu_target("adaptive-cpu-0.95-pace-2000"), None);
-        assert_eq!(cpu_target("adaptive-cpu-1.5"), None);
-        assert_eq!(cpu_target("adaptive"), None);
+    fn variants_and_runs_other_than_the_full_labs_make_an_experiment() {
         let mut plan = Plan::new(false);
         assert!(!plan.is_experiment());
-        plan.variants = vec!["adaptive".into(), "adaptive-cpu-0.85".into()];
+        plan.variants = vec!["adaptive".into()];
         assert!(plan.is_experiment());
-        plan.variants = legacy_variants();
-        assert!(!plan.is_experiment(), "a full lab.json from before --variants");
+        let mut plan = Plan::new(false);
+        plan.phases = vec!["sweep".into()];
+        assert!(plan.is_experiment());
+        let profiles = Plan::new(true).profiles(100.0, 40.0);
+        for p in
+            ["lab-calibrate", "lab-ramp", "lab-capacity-change", "lab-noisy", "lab-ramp-honouring", "lab-flood-others"]
+        {
+            assert!(profiles.contains(&format!("[profiles.{p}]")), "{p} missing from\n{profiles}");
+        }
+        assert!(profiles.contains("rps = 40.0"), "the others beside the flood: {profiles}");
     }
 
     #[test]

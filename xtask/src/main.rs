@@ -41,7 +41,7 @@ enum Command {
     /// The reliability suite: PostgreSQL and Redis faults, SIGTERM, hostile clients and fuzzing,
     /// under load, against private servers; exits non-zero on any violated expectation.
     Chaos(chaos::ChaosArgs),
-    /// The headline experiment: admission off, static and adaptive (without and with its CPU gate)
+    /// The headline experiment: admission off, static and adaptive, under every load shape
     /// at the production shape (report in docs/PERFORMANCE.md and docs/lab/; `--quick` for a CI
     /// smoke run).
     Lab(lab::LabArgs),
