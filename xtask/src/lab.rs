@@ -728,11 +728,15 @@ impl Ctx {
                 )]
             }
             Load::Profile { name, capacity, tokens, honour } => vec![profile(name, *capacity, tokens, *honour)],
-            // The others first: the phase's step ends are read from the first command's lines.
-            Load::Flood { .. } => vec![
-                profile("lab-flood-others", None, &self.tokens.others_path, false),
-                sweep(&[p.flood_callers], p.flood_step_s, &self.tokens.one_path, &[]),
-            ],
+            // The others first: the phase's step ends are read from the first command's lines. They
+            // skip the smoke stage: the flood starts with them and may fail `/ready` meanwhile (with
+            // admission off, its load fills the database pool), and the path was checked in the
+            // runs before.
+            Load::Flood { .. } => {
+                let mut others = profile("lab-flood-others", None, &self.tokens.others_path, false);
+                others.arg("--no-smoke");
+                vec![others, sweep(&[p.flood_callers], p.flood_step_s, &self.tokens.one_path, &[])]
+            }
             Load::Refusals { new_connections } => {
                 let extra: &[&str] = if *new_connections { &["--new-connection-per-request"] } else { &[] };
                 vec![sweep(&[p.refusal_callers], p.refusal_step_s, &self.tokens.path, extra)]

@@ -265,6 +265,10 @@ struct ProfileArgs {
     /// Multiply every duration (0.1 = a ten-times-shorter rehearsal).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Skip the smoke stage: for a population started beside another load (whose path was
+    /// checked before, and which may make `/ready` fail meanwhile).
+    #[arg(long)]
+    no_smoke: bool,
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
@@ -423,6 +427,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .or_else(|| Some(format!("{}/v1/ops/status", a.ops_base.trim_end_matches('/')))),
                     ..a.sampling.config()
                 },
+                smoke: !a.no_smoke,
             };
             let tokens = a.tokens.load(a.engine.seed)?;
             let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;

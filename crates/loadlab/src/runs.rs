@@ -79,6 +79,9 @@ pub struct ProfileConfig {
     pub engine: EngineConfig,
     pub analysis: AnalysisConfig,
     pub sampling: Sampling,
+    /// Whether the smoke stage runs first (skipped only for a population started beside another
+    /// load, whose path was checked before, and which may make `/ready` fail meanwhile).
+    pub smoke: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,8 +210,15 @@ pub async fn profile(
 ) -> Result<Report, RunError> {
     let resolved: ResolvedProfile =
         cfg.profiles.resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale).map_err(RunError::Config)?;
-    let smoke_report =
-        smoke(&Http::new(cfg.engine.timeout), &cfg.base, cfg.ops_base.as_deref(), &tokens).await.map_err(Box::new)?;
+    let smoke_report = if cfg.smoke {
+        Some(
+            smoke(&Http::new(cfg.engine.timeout), &cfg.base, cfg.ops_base.as_deref(), &tokens)
+                .await
+                .map_err(Box::new)?,
+        )
+    } else {
+        None
+    };
 
     let start = Instant::now();
     let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
@@ -233,7 +243,7 @@ pub async fn profile(
         o.insert("think_time".into(), humantime::format_duration(resolved.think_time).to_string().into());
     }
     let mut report = new_report(RunKind::Profile, &cfg.profile, &cfg.base, config, &engine_cfg);
-    report.smoke = Some(smoke_report);
+    report.smoke = smoke_report;
 
     let readers: Arc<dyn Workload> = Arc::new(Readers { base: cfg.base.clone() });
     let agents: Arc<dyn Workload> = Arc::new(AgentJourney { base: cfg.base.clone(), think: resolved.think_time });

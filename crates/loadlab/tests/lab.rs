@@ -173,6 +173,7 @@ fn profile_cfg(base: &str, profiles: &str) -> ProfileConfig {
             pid: Some(std::process::id()),
             interval: Duration::from_millis(200),
         },
+        smoke: true,
     }
 }
 
