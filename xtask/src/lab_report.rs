@@ -728,9 +728,9 @@ fn sat(r: &Row) -> String {
 
 fn check(goal: &str, target: &str, measured: Option<f64>, unit: &str, ok: impl Fn(f64) -> bool, t: f64) -> Goal {
     let met = measured.map(&ok);
-    // Shares of peak in hundredths, the rest in tenths; a miss gets more digits until it no
+    // Shares of peak and ratios in hundredths, the rest in tenths; a miss gets more digits until it no
     // longer prints as the target itself (0.947 against 0.95, 200.04 ms against 200).
-    let mut digits = if unit == "of peak" { 2 } else { 1 };
+    let mut digits = if unit == "of peak" || unit == "x" { 2 } else { 1 };
     if let (Some(m), Some(false)) = (measured, met) {
         while digits < 6 && format!("{m:.digits$}") == format!("{t:.digits$}") {
             digits += 1;
@@ -1793,7 +1793,7 @@ mod tests {
         assert_eq!(met("one tenant: 2xx/s at 192 callers, adaptive / off"), Some(false), "50 / 60");
         // Capacity is what was achieved: 100 2xx/s against off's 110.
         let cap = find("capacity (achieved 2xx/s), adaptive / off");
-        assert_eq!((cap.measured.as_str(), cap.met), ("0.9 x", Some(false)), "{cap:?}");
+        assert_eq!((cap.measured.as_str(), cap.met), ("0.91 x", Some(false)), "{cap:?}");
         assert!(cap.note.contains("adaptive 100 2xx/s, off 110"), "{}", cap.note);
         assert_eq!(met("goodput at 2x"), Some(true), "98 of a 100 peak");
         assert_eq!(met("goodput at 10x"), Some(false), "30 of a 100 peak");
@@ -1805,7 +1805,7 @@ mod tests {
         );
         assert_eq!(met("honouring clients at 2x: p99 time to success"), Some(true), "2.5 s");
         let cpu = find("CPU per refusal, kept alive: the API / a bare hyper server");
-        assert_eq!((cpu.measured.as_str(), cpu.met), ("1.2 x", Some(true)), "24 us against 20 us: {cpu:?}");
+        assert_eq!((cpu.measured.as_str(), cpu.met), ("1.20 x", Some(true)), "24 us against 20 us: {cpu:?}");
         assert!(cpu.note.starts_with("24.0 us against 20.0 us"), "{}", cpu.note);
         assert_eq!(met("flood: the flooding tenant's refusals that are 429"), Some(true));
         assert_eq!(met("flood: the other tenants' success"), Some(false), "99% < 99.5%");
