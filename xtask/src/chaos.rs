@@ -698,9 +698,9 @@ async fn postgres_restart(lab: &mut Lab, api: &Api, rate: f64, report: &mut Repo
     // then by design (the caller pays in its own time, docs/ADMISSION.md), for at most the
     // pacer's cap: they are bounded by the cap past the same 2 s, everything else by 2 s.
     let is_shed =
-        |s: &&&Sample| matches!(&s.outcome, Outcome::Status { code: Some(c), .. } if SHED_503.contains(&c.as_str()));
-    let down_max = down.iter().filter(|s| !is_shed(s)).map(|s| s.took).max().unwrap_or_default();
-    let shed_max = down.iter().filter(is_shed).map(|s| s.took).max().unwrap_or_default();
+        |s: &Sample| matches!(&s.outcome, Outcome::Status { code: Some(c), .. } if SHED_503.contains(&c.as_str()));
+    let longest = |shed: bool| down.iter().filter(|s| is_shed(s) == shed).map(|s| s.took).max().unwrap_or_default();
+    let (down_max, shed_max) = (longest(false), longest(true));
     let down_p99 = percentile(down.iter().map(|s| s.took).collect(), 99);
     let pacing = pacing_status(api).await;
     let max_hold = Duration::from_secs_f64(pacing.map_or(0.0, |p| p.0) / 1000.0);
