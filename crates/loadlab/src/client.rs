@@ -25,17 +25,16 @@ pub struct Reply {
 
 type Sender = SendRequest<Full<Bytes>>;
 
-#[derive(Debug, Default)]
-struct Pool {
-    /// Idle connections per `host:port`.
-    idle: Mutex<HashMap<String, Vec<Sender>>>,
-    opened: AtomicU64,
-}
+/// Idle connections per `host:port`.
+type Idle = Mutex<HashMap<String, Vec<Sender>>>;
 
 /// A shared, cheaply cloneable HTTP/1.1 client (plain TCP: the lab's targets are local).
 #[derive(Debug, Clone)]
 pub struct Http {
-    pool: Arc<Pool>,
+    idle: Arc<Idle>,
+    /// Connections opened, counted over this client and every client made from it by
+    /// [`Http::own_connections`].
+    opened: Arc<AtomicU64>,
     timeout: Duration,
     /// Reuse connections (the default); without, each request opens its own and asks the server
     /// to close it after the response.
@@ -45,7 +44,15 @@ pub struct Http {
 impl Http {
     /// `timeout` covers the whole exchange: connect, send, and reading the body.
     pub fn new(timeout: Duration) -> Self {
-        Self { pool: Arc::new(Pool::default()), timeout, keep_alive: true }
+        Self { idle: Arc::default(), opened: Arc::default(), timeout, keep_alive: true }
+    }
+
+    /// A client with the same settings and connection count but connections of its own: one
+    /// closed-loop caller's, so that its requests always travel on its own connection, as a
+    /// browser tab's or a k6 VU's do, rather than on whichever pooled one is free.
+    #[must_use]
+    pub fn own_connections(&self) -> Self {
+        Self { idle: Arc::default(), ..self.clone() }
     }
 
     /// Every request on a connection of its own (`Connection: close`), as clients that do not
@@ -58,7 +65,7 @@ impl Http {
 
     /// Connections opened so far (monotonic).
     pub fn connections_opened(&self) -> u64 {
-        self.pool.opened.load(Ordering::Relaxed)
+        self.opened.load(Ordering::Relaxed)
     }
 
     pub fn timeout(&self) -> Duration {
@@ -66,7 +73,7 @@ impl Http {
     }
 
     fn take_idle(&self, authority: &str) -> Option<Sender> {
-        let mut idle = self.pool.idle.lock().ok()?;
+        let mut idle = self.idle.lock().ok()?;
         let list = idle.get_mut(authority)?;
         while let Some(s) = list.pop() {
             if !s.is_closed() {
@@ -80,7 +87,7 @@ impl Http {
         if s.is_closed() {
             return;
         }
-        if let Ok(mut idle) = self.pool.idle.lock() {
+        if let Ok(mut idle) = self.idle.lock() {
             match idle.get_mut(authority) {
                 Some(list) => list.push(s),
                 None => {
@@ -94,7 +101,7 @@ impl Http {
         let stream = tokio::net::TcpStream::connect(authority).await.map_err(|e| kind_of_io(&e))?;
         let _ = stream.set_nodelay(true);
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| kind_of_hyper_error(&e))?;
-        self.pool.opened.fetch_add(1, Ordering::Relaxed);
+        self.opened.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             // Ends when the server closes or the last sender is dropped.
             let _ = conn.await;

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
@@ -30,12 +32,53 @@ pub trait Workload: Send + Sync + 'static {
     fn arrive(self: Arc<Self>, arrival: Arrival) -> BoxFuture;
 }
 
-/// One arrival: when it was meant to happen, its sequence number, and the step it belongs to.
+/// One arrival: when it was meant to happen, its sequence number, the step it belongs to and,
+/// in a closed loop, the caller that makes it.
 #[derive(Debug, Clone)]
 pub struct Arrival {
     pub intended: Instant,
     pub n: u64,
     pub step: Arc<StepCtx>,
+    pub caller: Option<Arc<Caller>>,
+}
+
+impl Arrival {
+    /// The token to send: the caller's own, or for an open-loop arrival one picked by weight.
+    pub fn tenant(&self, rng: &mut impl rand::Rng) -> Option<usize> {
+        match &self.caller {
+            Some(c) => c.tenant,
+            None => self.step.tokens.pick(rng).map(|(i, _)| i),
+        }
+    }
+
+    /// One logical request (see [`StepCtx::call`]), from this arrival's intended time.
+    pub async fn call(&self, req: Req, rng: &mut impl rand::Rng) -> (Outcome, Option<Reply>) {
+        self.step.call(self.intended, req, self.caller.as_deref(), rng).await
+    }
+
+    /// One request (see [`StepCtx::request`]) made by this arrival's caller, if any.
+    pub async fn request(&self, intended: Instant, req: Req) -> (Outcome, Option<Reply>) {
+        self.step.request(intended, req, self.caller.as_deref()).await
+    }
+}
+
+/// A closed-loop caller: one client, as a k6 VU or a browser tab is. It keeps one token for the
+/// whole step (picked by weight when the run has several) and its own kept-alive connection, so
+/// a server can tell its requests apart from the others' as it would a real client's. An
+/// honouring caller waits out `Retry-After` on its own.
+#[derive(Debug)]
+pub struct Caller {
+    pub index: usize,
+    pub tenant: Option<usize>,
+    pub http: Http,
+}
+
+/// Who an honouring client is: a closed-loop caller, or for open-loop arrivals (each a new user
+/// of the token's account) the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientKey {
+    Caller(usize),
+    Token(Option<usize>),
 }
 
 /// The default in-flight cap. A healthy target needs far fewer (10,000 req/s x 10 ms = 100),
@@ -124,20 +167,27 @@ impl StepCtx {
     /// One logical request: a single attempt, or with a retry policy, attempts until one is
     /// answered, the policy gives up, or an error ends it. Each attempt is recorded as a request;
     /// the logical request's attempts and time to success are recorded apart.
-    pub async fn call(&self, intended: Instant, req: Req, rng: &mut impl rand::Rng) -> (Outcome, Option<Reply>) {
+    pub async fn call(
+        &self,
+        intended: Instant,
+        req: Req,
+        caller: Option<&Caller>,
+        rng: &mut impl rand::Rng,
+    ) -> (Outcome, Option<Reply>) {
         let Some(honour) = &self.honour else {
-            return self.request(intended, req).await;
+            return self.request(intended, req, caller).await;
         };
+        let client = caller.map_or(ClientKey::Token(req.tenant), |c| ClientKey::Caller(c.index));
         let mut attempts = 0;
         let mut when = intended;
         loop {
             // A client told to wait sends nothing before then, this request included.
-            if let Some(until) = honour.paused_until(req.tenant) {
+            if let Some(until) = honour.paused_until(client) {
                 tokio::time::sleep_until(until.into()).await;
                 when = Instant::now();
             }
             attempts += 1;
-            let (outcome, reply) = self.request(when, req.clone()).await;
+            let (outcome, reply) = self.request(when, req.clone(), caller).await;
             match &outcome {
                 Outcome::Ok => {
                     honour.succeeded(attempts, intended);
@@ -145,7 +195,7 @@ impl StepCtx {
                 }
                 Outcome::Refused { .. } => {
                     let header = reply.as_ref().and_then(|r| crate::retry::header_retry_after(&r.headers));
-                    honour.pause(req.tenant, honour.wait_for(header, rng));
+                    honour.pause(client, honour.wait_for(header, rng));
                     if !honour.retries(attempts) {
                         honour.gave_up(attempts);
                         return (outcome, reply);
@@ -159,9 +209,10 @@ impl StepCtx {
         }
     }
 
-    /// Sends one request (after waiting for a slot, if a cap is set), classifies and records
-    /// it. Latency is measured from `intended`, and also from the actual send.
-    pub async fn request(&self, intended: Instant, req: Req) -> (Outcome, Option<Reply>) {
+    /// Sends one request (after waiting for a slot, if a cap is set) on the caller's own
+    /// connection or the step's pool, classifies and records it. Latency is measured from
+    /// `intended`, and also from the actual send.
+    pub async fn request(&self, intended: Instant, req: Req, caller: Option<&Caller>) -> (Outcome, Option<Reply>) {
         let _permit = match &self.cap {
             Some(cap) => match Arc::clone(cap).try_acquire_owned() {
                 Ok(p) => Some(p),
@@ -184,7 +235,8 @@ impl StepCtx {
         let actual = Instant::now();
         let now_in = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now_in, Ordering::Relaxed);
-        let result = self.http.send(req.method, &req.uri, &headers, req.body).await;
+        let http = caller.map_or(&self.http, |c| &c.http);
+        let result = http.send(req.method, &req.uri, &headers, req.body).await;
         let end = Instant::now();
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         let (outcome, reply) = match result {
@@ -272,7 +324,7 @@ impl Engine {
             // modulo the stream count (round-robin over URLs relies on it).
             let mut n: u64 = i as u64;
             let mut dispatch = move |intended: Instant| {
-                let a = Arrival { intended, n, step: Arc::clone(&ctx) };
+                let a = Arrival { intended, n, step: Arc::clone(&ctx), caller: None };
                 n += n_streams;
                 tracker.spawn_on(Arc::clone(&workload).arrive(a), &handle);
             };
@@ -309,8 +361,9 @@ impl Engine {
         self.finish(index, label, Mode::Open, Some(offered_rps), None, duration, &b)
     }
 
-    /// One closed-loop step: `concurrency` callers, each sending its next request as soon as
-    /// the last one is answered, for `duration`.
+    /// One closed-loop step: `concurrency` callers, each a client of its own (one token, its
+    /// own connection) sending its next request as soon as the last one is answered, for
+    /// `duration`.
     pub async fn closed_step(
         &self,
         index: usize,
@@ -324,10 +377,18 @@ impl Engine {
         let mut set = tokio::task::JoinSet::new();
         for c in 0..concurrency {
             let (ctx, w) = (Arc::clone(&b.ctx), Arc::clone(&workload));
+            let mut rng = SmallRng::seed_from_u64(ctx.seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let tenant = ctx.tokens.pick(&mut rng).map(|(i, _)| i);
+            let caller = Arc::new(Caller { index: c, tenant, http: ctx.http.own_connections() });
             set.spawn(async move {
                 let mut n = c as u64;
                 while Instant::now() < end {
-                    let a = Arrival { intended: Instant::now(), n, step: Arc::clone(&ctx) };
+                    let a = Arrival {
+                        intended: Instant::now(),
+                        n,
+                        step: Arc::clone(&ctx),
+                        caller: Some(Arc::clone(&caller)),
+                    };
                     Arc::clone(&w).arrive(a).await;
                     n += concurrency as u64;
                 }

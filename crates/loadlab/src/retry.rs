@@ -1,7 +1,8 @@
 //! Clients that honour `Retry-After`: after a refusal, a client sends nothing to the server until
 //! the header's seconds (with jitter) have passed, its other requests included ("how long the
-//! user agent ought to wait before making a follow-up request", RFC 9110); a client is one token
-//! of the run. A refused request is retried as SDK retry policies do: at most a few attempts, and
+//! user agent ought to wait before making a follow-up request", RFC 9110); a client is one
+//! closed-loop caller (its own token and connection) or, for open-loop arrivals, one token of the
+//! run. A refused request is retried as SDK retry policies do: at most a few attempts, and
 //! only while a retry budget shared by the whole population allows it (gRPC's retry throttling:
 //! a bucket of tokens, one spent per refused attempt, a tenth of one earned per success, retries
 //! only while more than half of it is left). What the person waiting sees is the logical
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::ClientKey;
 use crate::stats::{Hist, Pcts};
 
 /// How an honouring client retries.
@@ -59,8 +61,8 @@ pub struct LogicalReport {
 pub(crate) struct Honouring {
     pub(crate) policy: RetryPolicy,
     budget: Mutex<f64>,
-    /// Per client (token index), when it may send again.
-    paused: Mutex<HashMap<Option<usize>, Instant>>,
+    /// Per client, when it may send again.
+    paused: Mutex<HashMap<ClientKey, Instant>>,
     rec: Mutex<Recorder>,
 }
 
@@ -84,13 +86,13 @@ impl Honouring {
     }
 
     /// Until when `client` holds its requests back, if it is told to wait.
-    pub(crate) fn paused_until(&self, client: Option<usize>) -> Option<Instant> {
+    pub(crate) fn paused_until(&self, client: ClientKey) -> Option<Instant> {
         let paused = self.paused.lock().ok()?;
         paused.get(&client).copied().filter(|t| *t > Instant::now())
     }
 
     /// `client` was told to wait `wait`: none of its requests go out before then.
-    pub(crate) fn pause(&self, client: Option<usize>, wait: Duration) {
+    pub(crate) fn pause(&self, client: ClientKey, wait: Duration) {
         if let Ok(mut paused) = self.paused.lock() {
             let until = Instant::now() + wait;
             let e = paused.entry(client).or_insert(until);
@@ -188,10 +190,11 @@ mod tests {
     #[test]
     fn a_paused_client_holds_every_request_back_and_others_do_not() {
         let h = Honouring::new(RetryPolicy::default());
-        h.pause(Some(1), Duration::from_secs(5));
-        h.pause(Some(1), Duration::from_secs(1));
-        let until = h.paused_until(Some(1)).expect("paused");
+        h.pause(ClientKey::Caller(1), Duration::from_secs(5));
+        h.pause(ClientKey::Caller(1), Duration::from_secs(1));
+        let until = h.paused_until(ClientKey::Caller(1)).expect("paused");
         assert!(until > Instant::now() + Duration::from_secs(4), "a shorter wait does not shorten it");
-        assert_eq!(h.paused_until(Some(2)), None);
+        assert_eq!(h.paused_until(ClientKey::Caller(2)), None);
+        assert_eq!(h.paused_until(ClientKey::Token(Some(1))), None, "a caller is not its token");
     }
 }

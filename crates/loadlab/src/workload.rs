@@ -33,9 +33,9 @@ impl Workload for Urls {
             let mut rng = rng_for(&a);
             let mut req = Req::get(url.clone(), "url");
             if !a.step.tokens.is_empty() {
-                req.tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
+                req.tenant = a.tenant(&mut rng);
             }
-            a.step.call(a.intended, req, &mut rng).await;
+            a.call(req, &mut rng).await;
         })
     }
 }
@@ -50,7 +50,7 @@ impl Workload for Readers {
     fn arrive(self: Arc<Self>, a: Arrival) -> BoxFuture {
         Box::pin(async move {
             let mut rng = rng_for(&a);
-            let tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
+            let tenant = a.tenant(&mut rng);
             let (uri, endpoint) = if rng.random_bool(0.5) {
                 (format!("{}/v1/conversations?status=open&limit=25", self.base), "inbox")
             } else {
@@ -59,7 +59,7 @@ impl Workload for Readers {
             let mut req = Req::get(uri, endpoint);
             req.tenant = tenant;
             req.expect_json = true;
-            a.step.call(a.intended, req, &mut rng).await;
+            a.call(req, &mut rng).await;
         })
     }
 }
@@ -106,7 +106,7 @@ impl Workload for AgentJourney {
     fn arrive(self: Arc<Self>, a: Arrival) -> BoxFuture {
         Box::pin(async move {
             let mut rng = rng_for(&a);
-            let tenant = a.step.tokens.pick(&mut rng).map(|(i, _)| i);
+            let tenant = a.tenant(&mut rng);
             let base = &self.base;
             let req = |method: Method, uri: String, endpoint: &'static str, body: Option<Bytes>| Req {
                 method,
@@ -118,7 +118,6 @@ impl Workload for AgentJourney {
                 idempotency_key: endpoint == "reply",
             };
             let (o, reply) = a
-                .step
                 .request(
                     a.intended,
                     req(Method::GET, format!("{base}/v1/conversations?status=open&limit=25"), "inbox", None),
@@ -148,7 +147,7 @@ impl Workload for AgentJourney {
             for r in steps {
                 let intended = Instant::now() + self.think(&mut rng);
                 tokio::time::sleep_until(intended.into()).await;
-                let (o, _) = a.step.request(intended, r).await;
+                let (o, _) = a.request(intended, r).await;
                 if !o.is_ok() {
                     return;
                 }

@@ -8,7 +8,7 @@ use breakwater_loadlab::analysis::AnalysisConfig;
 use breakwater_loadlab::profiles::ProfilesFile;
 use breakwater_loadlab::report::Report;
 use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
-use breakwater_loadlab::tokens::{DEV_SECRET, Tokens};
+use breakwater_loadlab::tokens::{DEV_SECRET, TokenLine, Tokens};
 use breakwater_loadlab::{EngineConfig, compare, html};
 
 /// Timing tests run one at a time: on a small machine, parallel tests steal each other's CPU
@@ -156,6 +156,38 @@ async fn the_closed_loop_sweep_shows_queueing_behind_a_single_worker() {
         one.ok.corrected.p50_ms
     );
     assert_eq!(four.concurrency, Some(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_closed_loop_caller_is_one_client_with_its_own_connection_and_token() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(SERVICE).await;
+    let lines = (0..20)
+        .map(|i| TokenLine {
+            tenant_id: format!("00000000-0000-0000-0000-0000000000{i:02}"),
+            user_id: format!("10000000-0000-0000-0000-0000000000{i:02}"),
+            token: None,
+            weight: 1.0,
+        })
+        .collect();
+    let tokens = Tokens::from_lines(lines, "secret").expect("tokens");
+    let cfg = SweepConfig {
+        urls: vec![srv.url("/whoami")],
+        concurrency: vec![8],
+        step: Duration::from_millis(300),
+        pause: Duration::from_millis(0),
+        engine: EngineConfig::default(),
+        sampling: Sampling::default(),
+    };
+    let report = runs::sweep(&cfg, tokens, None).await;
+    assert!(report.steps[0].ok.count > 80, "{}", report.steps[0].ok.count);
+    let seen = srv.state.seen.lock().expect("lock");
+    // A caller's requests all travel on its own connection, with its own token: eight
+    // connections, one token each (with a shared pool and a token per request, each connection
+    // carried many of the twenty tokens).
+    assert_eq!(seen.len(), 8, "{seen:?}");
+    assert!(seen.values().all(|t| t.len() == 1), "{seen:?}");
+    assert_eq!(report.steps[0].audit.connections_opened, 8);
 }
 
 fn profile_cfg(base: &str, profiles: &str) -> ProfileConfig {

@@ -46,6 +46,8 @@ pub struct ServerState {
     /// The next this many inbox lists are refused with 503 and `Retry-After: 1`.
     pub refuse_lists: AtomicU64,
     shed_total: AtomicU64,
+    /// `/whoami`: the `Authorization` headers seen on each client connection (its peer address).
+    pub seen: Mutex<std::collections::BTreeMap<SocketAddr, std::collections::BTreeSet<String>>>,
 }
 
 pub async fn start(service: Duration) -> TestServer {
@@ -58,6 +60,7 @@ pub async fn start(service: Duration) -> TestServer {
         break_messages: AtomicBool::new(false),
         refuse_lists: AtomicU64::new(0),
         shed_total: AtomicU64::new(0),
+        seen: Mutex::default(),
     });
     let app = Router::new()
         .route("/fast", get(|| async { Json(json!({"ok": true})) }))
@@ -78,11 +81,12 @@ pub async fn start(service: Duration) -> TestServer {
         .route("/v1/conversations/{id}", get(get_conversation).patch(patch_conversation))
         .route("/v1/conversations/{id}/messages", get(list_messages).post(post_message))
         .route("/v1/contacts", get(list_contacts))
+        .route("/whoami", get(whoami))
         .with_state(Arc::clone(&state));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await.expect("serve");
     });
     TestServer { addr, state }
 }
@@ -98,6 +102,16 @@ async fn queue(State(s): State<Arc<ServerState>>) -> &'static str {
     tokio::time::sleep_until(done.into()).await;
     s.queue_in_flight.fetch_sub(1, Ordering::Relaxed);
     "done"
+}
+
+async fn whoami(
+    State(s): State<Arc<ServerState>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    h: HeaderMap,
+) -> &'static str {
+    let token = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    s.seen.lock().expect("lock").entry(peer).or_default().insert(token);
+    "ok"
 }
 
 async fn stall(State(s): State<Arc<ServerState>>) -> &'static str {
