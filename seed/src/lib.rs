@@ -14,6 +14,7 @@
 //! make and nothing else; what it takes off for the load it puts back exactly as it was.
 
 pub mod copy;
+mod enums;
 mod load;
 
 pub use load::Step;
@@ -32,8 +33,8 @@ use uuid::Uuid;
 pub use copy::Table;
 pub use plan::{Params, Plan, Sizes};
 
-/// The default `DATABASE_URL`.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/breakwater";
+/// The default `DATABASE_URL` (the domain's, which every binary shares).
+pub use breakwater_domain::DEFAULT_DATABASE_URL;
 
 /// The end of the seeded year unless `--until` says otherwise. Fixed, not the clock, so that a
 /// seed gives the same rows on any day.

@@ -16,6 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
 use uuid::Uuid;
 
+pub use crate::enums::{Sender, Status};
 use crate::text;
 
 /// Conversations per contact, on average.
@@ -27,52 +28,6 @@ const DAY: i64 = 86_400 * SECOND;
 const YEAR: i64 = 365 * DAY;
 /// The preview the API keeps of a conversation's newest message (`breakwater_domain`'s rule).
 pub(crate) const PREVIEW_CHARS: usize = breakwater_domain::messages::PREVIEW_CHARS;
-
-/// Who wrote a message (`message_sender`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sender {
-    /// The end customer.
-    Contact,
-    /// An agent of the tenant.
-    Agent,
-    /// The platform.
-    System,
-}
-
-impl Sender {
-    /// The enum label in PostgreSQL.
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Contact => "contact",
-            Self::Agent => "agent",
-            Self::System => "system",
-        }
-    }
-}
-
-/// Where a conversation stands (`conversation_status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Waiting for an agent.
-    Open,
-    /// Waiting for the contact.
-    Pending,
-    /// Done.
-    Closed,
-}
-
-impl Status {
-    /// The enum label in PostgreSQL.
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Pending => "pending",
-            Self::Closed => "closed",
-        }
-    }
-}
 
 /// How much to generate.
 #[derive(Debug, Clone, Copy, PartialEq)]

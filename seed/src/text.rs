@@ -9,7 +9,7 @@ use rand::Rng;
 use rand::seq::IndexedRandom;
 use rand_distr::{Distribution, LogNormal};
 
-use crate::plan::Sender;
+use crate::enums::Sender;
 
 const FIRST: &[&str] = &[
     "Ahmad",

@@ -663,7 +663,7 @@ async fn erasures_of(pool: &Pool, notices: &Notices, subject: &Subject, count: u
         let t0 = Instant::now();
         contacts::request_erasure(pool, subject.tenant, contact).await?;
         let t1 = Instant::now();
-        contacts::erase(pool, subject.tenant, contact, breakwater_worker::WorkerOptions::default().erase_batch).await?;
+        contacts::erase(pool, subject.tenant, contact, breakwater_domain::contacts::ERASE_BATCH).await?;
         let t2 = Instant::now();
         request.push(t1 - t0);
         erase.push(t2 - t1);
@@ -675,8 +675,7 @@ async fn erasures_of(pool: &Pool, notices: &Notices, subject: &Subject, count: u
     if let Some(&(contact, conversations, messages)) = subject.big_contacts.get(count) {
         let plans = explained(pool, notices, async {
             contacts::request_erasure(pool, subject.tenant, contact).await?;
-            contacts::erase(pool, subject.tenant, contact, breakwater_worker::WorkerOptions::default().erase_batch)
-                .await?;
+            contacts::erase(pool, subject.tenant, contact, breakwater_domain::contacts::ERASE_BATCH).await?;
             Ok(())
         })
         .await?;

@@ -11,7 +11,7 @@ use breakwater_loadlab::html::{RGBColor, Series, chart};
 use breakwater_loadlab::report::{Report, StepReport, TenantReport};
 use serde::{Deserialize, Serialize};
 
-use crate::lab::Plan;
+use crate::lab_plan::{Plan, multiple_label};
 use crate::pinned::Stats;
 
 /// Bumped when a field of `lab.json` changes meaning.
@@ -498,11 +498,6 @@ fn refused_by_code<'a>(tenants: impl Iterator<Item = &'a TenantReport>) -> BTree
         }
     }
     codes
-}
-
-/// `0.25x`, `2x`, `10x`.
-pub(crate) fn multiple_label(m: f64) -> String {
-    format!("{}x", format!("{m:.2}").trim_end_matches('0').trim_end_matches('.'))
 }
 
 fn series<'a>(s: &'a StepReport, key: &str) -> Option<&'a breakwater_loadlab::report::SeriesSummary> {

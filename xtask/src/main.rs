@@ -11,6 +11,7 @@
 mod bench_queries;
 mod chaos;
 mod lab;
+mod lab_plan;
 mod lab_report;
 mod services;
 

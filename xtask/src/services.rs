@@ -19,7 +19,7 @@ pub(crate) fn cargo() -> String {
 
 /// `DATABASE_URL`, or the local default.
 pub(crate) fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/breakwater".into())
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| breakwater_domain::DEFAULT_DATABASE_URL.into())
 }
 
 /// `REDIS_URL`, or the local default.

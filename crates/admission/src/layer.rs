@@ -16,7 +16,7 @@ use tower::{Layer, Service};
 
 use crate::body::AdmissionBody;
 use crate::config::ClassId;
-use crate::refusal::Refusal;
+use crate::refusal::{Refusal, Render};
 use crate::state::{Admission, Decision, SlotGuard, Ticket};
 
 /// Where the classifier sends a request.
@@ -46,7 +46,7 @@ impl Admission {
     /// request; `tenant` picks the key the queue takes turns over (`None`: one shared key). Both
     /// run on every request before anything else, so keep them to a header or path look-up.
     pub fn layer<C, K>(&self, classify: C, tenant: K) -> AdmissionLayer<C, K> {
-        AdmissionLayer { admission: self.clone(), classify, tenant }
+        AdmissionLayer { admission: self.clone(), classify, tenant, render: Refusal::default_response }
     }
 }
 
@@ -56,6 +56,17 @@ pub struct AdmissionLayer<C, K> {
     admission: Admission,
     classify: C,
     tenant: K,
+    render: Render,
+}
+
+impl<C, K> AdmissionLayer<C, K> {
+    /// Renders refusals with `render` instead of [`Refusal::default_response`]: for a user with an
+    /// error envelope of its own. The [`Refusal`] is put in the response's extensions either way.
+    #[must_use]
+    pub fn render_with(mut self, render: Render) -> Self {
+        self.render = render;
+        self
+    }
 }
 
 impl<C, K> fmt::Debug for AdmissionLayer<C, K> {
@@ -73,6 +84,7 @@ impl<S, C: Clone, K: Clone> Layer<S> for AdmissionLayer<C, K> {
             admission: self.admission.clone(),
             classify: self.classify.clone(),
             tenant: self.tenant.clone(),
+            render: self.render,
         }
     }
 }
@@ -85,6 +97,7 @@ pub struct AdmissionService<S, C, K> {
     admission: Admission,
     classify: C,
     tenant: K,
+    render: Render,
 }
 
 impl<S, C, K> fmt::Debug for AdmissionService<S, C, K> {
@@ -115,15 +128,15 @@ where
         let class = match (self.classify)(&req) {
             Route::Bypass => {
                 self.admission.count_bypass();
-                return ResponseFuture::calling(self.inner.call(req), None);
+                return ResponseFuture::calling(self.inner.call(req), None, self.render);
             }
             Route::Class(class) => class,
         };
         let tenant = (self.tenant)(&req);
         // The deadline header is read only if the request cannot go straight in.
         match self.admission.admit(class, tenant, || client_timeout(req.headers())) {
-            Decision::Admit(guard) => ResponseFuture::calling(self.inner.call(req), Some(guard)),
-            Decision::Refuse(refusal) => ResponseFuture { state: State::Refused { refusal } },
+            Decision::Admit(guard) => ResponseFuture::calling(self.inner.call(req), Some(guard), self.render),
+            Decision::Refuse(refusal) => ResponseFuture { state: State::Refused { refusal }, render: self.render },
             Decision::Wait(ticket, until) => {
                 // Keep the service that was made ready for this request; leave a clone behind.
                 let clone = self.inner.clone();
@@ -135,6 +148,7 @@ where
                         svc: Some(svc),
                         req: Some(req),
                     },
+                    render: self.render,
                 }
             }
         }
@@ -146,6 +160,7 @@ pin_project! {
     pub struct ResponseFuture<F, S, B> {
         #[pin]
         state: State<F, S, B>,
+        render: Render,
     }
 }
 
@@ -169,8 +184,8 @@ pin_project! {
 }
 
 impl<F, S, B> ResponseFuture<F, S, B> {
-    fn calling(fut: F, guard: Option<SlotGuard>) -> Self {
-        Self { state: State::Calling { fut, guard } }
+    fn calling(fut: F, guard: Option<SlotGuard>, render: Render) -> Self {
+        Self { state: State::Calling { fut, guard }, render }
     }
 }
 
@@ -196,7 +211,9 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
-            let mut state = self.as_mut().project().state;
+            let this = self.as_mut().project();
+            let render = *this.render;
+            let mut state = this.state;
             match state.as_mut().project() {
                 StateProj::Waiting { sleep, ticket, svc, req } => {
                     let outcome = match ticket.poll(cx) {
@@ -224,7 +241,7 @@ where
                 StateProj::Refused { refusal } => {
                     let refusal = *refusal;
                     state.set(State::Done);
-                    return Poll::Ready(Ok(refusal.into_response()));
+                    return Poll::Ready(Ok(refusal.into_response(render)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -50,6 +50,6 @@ pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_
 pub use pacing::{
     PaceableRefusal, PacedFuture, PacingConfig, PacingSnapshot, RetryPacing, RetryPacingLayer, RetryPacingService,
 };
-pub use refusal::{Refusal, RefusalReason};
+pub use refusal::{Refusal, RefusalReason, Render};
 pub use snapshot::{ClassSnapshot, ShedTotals, Snapshot};
 pub use state::Admission;

@@ -1,5 +1,6 @@
-//! Typed refusals: 503, `Retry-After`, and the envelope of DESIGN.md. Built from a few numbers
-//! copied out under the class lock; rendering is one small string and no lock.
+//! Typed refusals: 503, `Retry-After`, and the error envelope the API uses (shown in README.md).
+//! Built from a few numbers copied out under the class lock; rendering is one small string and no
+//! lock.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -95,7 +96,7 @@ impl Refusal {
         s.push(')');
     }
 
-    /// The JSON envelope of DESIGN.md. The message holds only digits and fixed ASCII, so it needs
+    /// The JSON error envelope (the API's). The message holds only digits and fixed ASCII, so it needs
     /// no escaping.
     #[must_use]
     pub fn to_json(&self) -> String {
@@ -110,23 +111,41 @@ impl Refusal {
         s
     }
 
-    /// The 503 response: envelope, `content-type`, `Retry-After`, and this refusal as an extension.
-    pub(crate) fn into_response<B>(self) -> Response<AdmissionBody<B>> {
-        let body = AdmissionBody::refusal(Bytes::from(self.to_json()));
-        let mut res = Response::new(body);
+    /// The `Retry-After` header's value.
+    #[must_use]
+    pub fn retry_after_header(&self) -> HeaderValue {
+        match SECONDS.get(self.retry_after_seconds as usize) {
+            Some(s) => HeaderValue::from_static(s),
+            None => HeaderValue::from(self.retry_after_seconds),
+        }
+    }
+
+    /// The crate's own rendering, for users of the layer without an envelope of their own
+    /// ([`Render`]): a 503 with [`Refusal::to_json`], `content-type` and `Retry-After`.
+    #[must_use]
+    pub fn default_response(&self) -> Response<Bytes> {
+        let mut res = Response::new(Bytes::from(self.to_json()));
         *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = res.headers_mut();
         headers.reserve(2);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let retry = match SECONDS.get(self.retry_after_seconds as usize) {
-            Some(s) => HeaderValue::from_static(s),
-            None => HeaderValue::from(self.retry_after_seconds),
-        };
-        headers.insert(RETRY_AFTER, retry);
+        headers.insert(RETRY_AFTER, self.retry_after_header());
+        res
+    }
+
+    /// The response the layer sends: what `render` makes, with this refusal in its extensions
+    /// (the pacer and the user's metrics read it there), whatever the renderer put in them.
+    pub(crate) fn into_response<B>(self, render: Render) -> Response<AdmissionBody<B>> {
+        let mut res = render(&self).map(AdmissionBody::refusal);
         res.extensions_mut().insert(self);
         res
     }
 }
+
+/// How the layer turns a [`Refusal`] into a response: [`Refusal::default_response`] unless the
+/// user of the layer renders its own envelope ([`crate::AdmissionLayer::render_with`]). The status
+/// should stay 503 with `Retry-After`: the refusal holds nothing, and clients should come back.
+pub type Render = fn(&Refusal) -> Response<Bytes>;
 
 /// Decimal digits without the formatting machinery (a refusal must cost microseconds).
 fn push_int(s: &mut String, mut n: u64) {

@@ -12,7 +12,7 @@ Variants (all GET /v1/conversations, the inbox):
                 (hyper, admission, the router and the JWT check ran)
   app-keepalive no token: a 401 on kept-alive connections (no connection setup)
 
-Usage: python3 crates/api/bench/refusal_cost.py [--requests N] [--concurrency C] [--binary PATH ...]
+Usage: python3 crates/api/benches/refusal_cost.py [--requests N] [--concurrency C] [--binary PATH ...]
 Needs DATABASE_URL (the API connects lazily; no query runs) and a release build:
   cargo build --release -p breakwater-api
 """

@@ -12,49 +12,30 @@ use secrecy::{ExposeSecret as _, SecretString};
 /// `APP_ENV=production`.
 pub const DEV_JWT_SECRET: &str = "breakwater-dev-secret-change-me";
 
-/// Where the process runs; production refuses unsafe defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AppEnv {
-    /// A laptop or CI.
-    Development,
-    /// Anything real: the development JWT secret is refused.
-    Production,
-}
+pub use breakwater_process::AppEnv;
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable.
-    Pretty,
-    /// One JSON object per line (for log pipelines).
-    Json,
-}
-
-/// Settings shared by every binary that talks to the database.
+/// The API's database settings: the group every binary shares, and the bulkhead's wait.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatabaseConfig {
-    /// PostgreSQL connection string.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/breakwater")]
-    pub database_url: String,
-    /// Connections in the pool: the database bulkhead's size.
-    #[arg(long, env = "DB_POOL_SIZE", default_value_t = 10)]
-    pub db_pool_size: u32,
+    /// `DATABASE_URL`, `DB_POOL_SIZE`, `DB_STATEMENT_TIMEOUT_MS`, `DB_PING_AFTER_IDLE_MS`.
+    #[command(flatten)]
+    pub shared: breakwater_process::DatabaseArgs,
     /// How long a request may wait for a connection before it is refused with 503
     /// `db_saturated`, in milliseconds.
     #[arg(long, env = "DB_ACQUIRE_TIMEOUT_MS", default_value_t = 100)]
     pub db_acquire_timeout_ms: u64,
-    /// PostgreSQL `statement_timeout` for every connection, in milliseconds.
-    #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
-    pub db_statement_timeout_ms: u64,
-    /// A pooled connection idle at least this long is pinged (one round trip) before a request
-    /// gets it, in milliseconds; one used more recently is handed out as it is (sqlx pings each
-    /// connection as it goes back to the pool anyway). 0 pings on every acquire, sqlx's default.
-    #[arg(long, env = "DB_PING_AFTER_IDLE_MS", default_value_t = breakwater_domain::PING_AFTER_IDLE_MS)]
-    pub db_ping_after_idle_ms: u64,
 }
 
 impl DatabaseConfig {
+    /// The pool's size when `DB_POOL_SIZE` is not set: the database bulkhead's.
+    pub const DEFAULT_POOL_SIZE: u32 = 10;
+
+    /// Connections in the pool: the database bulkhead's size.
+    #[must_use]
+    pub fn pool_size(&self) -> u32 {
+        self.shared.pool_size(Self::DEFAULT_POOL_SIZE)
+    }
+
     /// The pool acquire timeout.
     #[must_use]
     pub fn acquire_timeout(&self) -> Duration {
@@ -66,18 +47,12 @@ impl DatabaseConfig {
     /// # Errors
     /// When the URL does not parse.
     pub fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
-        use sqlx::ConnectOptions as _;
-        let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
-        let options = options
-            .options([("statement_timeout", self.db_statement_timeout_ms.to_string())])
-            .application_name("breakwater")
-            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
-        Ok(breakwater_domain::pool_options(Duration::from_millis(self.db_ping_after_idle_ms))
-            .max_connections(self.db_pool_size)
-            .min_connections(0)
-            .acquire_timeout(self.acquire_timeout())
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .connect_lazy_with(options))
+        self.shared.pool(&breakwater_process::PoolShape {
+            application_name: "breakwater",
+            default_size: Self::DEFAULT_POOL_SIZE,
+            acquire_timeout: self.acquire_timeout(),
+            session: &[],
+        })
     }
 }
 
@@ -260,13 +235,9 @@ pub struct Config {
     /// The CloudWatch metric lines (`METRICS_EMF_*`, shared with the worker).
     #[command(flatten)]
     pub metrics_emf: breakwater_telemetry::emf::Options,
-    /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
-    /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otel_exporter_otlp_endpoint: Option<String>,
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "pretty")]
-    pub log_format: LogFormat,
+    /// Logs and traces (`LOG_FORMAT`, `OTEL_EXPORTER_OTLP_ENDPOINT`, shared with the worker).
+    #[command(flatten)]
+    pub log: breakwater_telemetry::LogArgs,
 }
 
 /// Parses a [`Config`] from the environment and arguments (the binary's `serve` flags).

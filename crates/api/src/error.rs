@@ -10,14 +10,145 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use breakwater_admission::{Refusal, RefusalReason};
 use breakwater_domain::DomainError;
+use bytes::Bytes;
 use serde::Serialize;
+
+/// Every `code` the API answers with: the one list of the wire contract's error codes, each with
+/// its envelope `type`. The OpenAPI document publishes it as an enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Malformed or unacceptable input (400 or 422).
+    InvalidRequest,
+    /// No valid token (401).
+    Unauthorized,
+    /// The token's role may not do this (403).
+    Forbidden,
+    /// No such resource in the caller's tenant (404).
+    NotFound,
+    /// The route exists, the method does not (405).
+    MethodNotAllowed,
+    /// The request conflicts with the current state (409).
+    Conflict,
+    /// The body is over the cap (413).
+    BodyTooLarge,
+    /// The body did not arrive within the body-read timeout (408).
+    BodyTimeout,
+    /// A throttle bucket ran out (429).
+    RateLimited,
+    /// Over capacity: admission's queue was full, or the edge's connection cap was reached (503).
+    LoadShed,
+    /// No admission slot within the longest wait, or a client deadline that could not be met (503).
+    QueueTimeout,
+    /// No database connection within the acquire timeout (503).
+    DbSaturated,
+    /// The database is unreachable or a statement timed out (503).
+    DbUnavailable,
+    /// The handler ran past the request timeout (503).
+    RequestTimeout,
+    /// A bug (500).
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for tests that check the list against the OpenAPI document and the docs.
+    pub const ALL: [Self; 15] = [
+        Self::InvalidRequest,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::Conflict,
+        Self::BodyTooLarge,
+        Self::BodyTimeout,
+        Self::RateLimited,
+        Self::LoadShed,
+        Self::QueueTimeout,
+        Self::DbSaturated,
+        Self::DbUnavailable,
+        Self::RequestTimeout,
+        Self::Internal,
+    ];
+
+    /// The code as it appears on the wire.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::Conflict => "conflict",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BodyTimeout => "body_timeout",
+            Self::RateLimited => "rate_limited",
+            Self::LoadShed => "load_shed",
+            Self::QueueTimeout => "queue_timeout",
+            Self::DbSaturated => "db_saturated",
+            Self::DbUnavailable => "db_unavailable",
+            Self::RequestTimeout => "request_timeout",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The envelope's `type`: the class of error.
+    #[must_use]
+    pub const fn kind(self) -> &'static str {
+        match self {
+            Self::InvalidRequest | Self::MethodNotAllowed | Self::BodyTooLarge | Self::BodyTimeout => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::RateLimited => "rate_limited",
+            Self::LoadShed | Self::QueueTimeout | Self::DbSaturated | Self::DbUnavailable | Self::RequestTimeout => {
+                "service_unavailable"
+            }
+            Self::Internal => "internal",
+        }
+    }
+
+    /// Admission's refusal reasons in the API's codes.
+    #[must_use]
+    pub const fn of_refusal(reason: RefusalReason) -> Self {
+        match reason {
+            RefusalReason::QueueFull => Self::LoadShed,
+            RefusalReason::QueueTimeout | RefusalReason::Deadline => Self::QueueTimeout,
+        }
+    }
+}
 
 /// The envelope's body.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorEnvelope {
     /// The error.
     pub error: ErrorBody,
+}
+
+impl ErrorEnvelope {
+    /// The one way an envelope is made: the code decides the `type`, and `Retry-After`'s seconds
+    /// (when there are any) make the error retryable.
+    #[must_use]
+    pub fn new(code: ErrorCode, message: String, retry_after_seconds: Option<u64>) -> Self {
+        Self {
+            error: ErrorBody {
+                kind: code.kind(),
+                code,
+                message,
+                recovery: Recovery { retryable: retry_after_seconds.is_some(), retry_after_seconds },
+            },
+        }
+    }
+
+    /// The envelope as JSON bytes.
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
+        // Serialising plain strings, numbers and an enum cannot fail.
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
 }
 
 /// What went wrong and what the client can do about it.
@@ -27,12 +158,27 @@ pub struct ErrorBody {
     /// `rate_limited`, `service_unavailable`, `internal`).
     #[serde(rename = "type")]
     pub kind: &'static str,
-    /// The specific reason, stable for machines (`load_shed`, `db_saturated`, ...).
-    pub code: &'static str,
+    /// The specific reason, stable for machines.
+    pub code: ErrorCode,
     /// For humans.
     pub message: String,
     /// Whether and when to retry.
     pub recovery: Recovery,
+}
+
+/// Admission's refusal in the API's envelope (the layer's renderer, [`breakwater_admission::Render`]):
+/// a 503 with `Retry-After`, the same bytes a client gets from every other refusal.
+#[must_use]
+pub fn render_refusal(refusal: &Refusal) -> http::Response<Bytes> {
+    let code = ErrorCode::of_refusal(refusal.reason);
+    let envelope = ErrorEnvelope::new(code, refusal.message(), Some(u64::from(refusal.retry_after_seconds)));
+    let mut res = http::Response::new(envelope.to_bytes());
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = res.headers_mut();
+    headers.reserve(2);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::RETRY_AFTER, refusal.retry_after_header());
+    res
 }
 
 /// Retry advice, mirrored by the `Retry-After` header.
@@ -104,24 +250,24 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// The HTTP status, envelope type and code of this error.
+    /// The HTTP status and the code of this error.
     #[must_use]
-    pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+    pub fn parts(&self) -> (StatusCode, ErrorCode) {
         match self {
-            Self::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request", "invalid_request"),
-            Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "invalid_request"),
-            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "unauthorized"),
-            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "forbidden"),
-            Self::NotFound => (StatusCode::NOT_FOUND, "not_found", "not_found"),
-            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "method_not_allowed"),
-            Self::Conflict(_) => (StatusCode::CONFLICT, "conflict", "conflict"),
-            Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request", "body_too_large"),
-            Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "invalid_request", "body_timeout"),
-            Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited", "rate_limited"),
-            Self::DbSaturated => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_saturated"),
-            Self::DbUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "db_unavailable"),
-            Self::Timeout => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", "request_timeout"),
-            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal"),
+            Self::InvalidRequest(_) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest),
+            Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidRequest),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, ErrorCode::Forbidden),
+            Self::NotFound => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed),
+            Self::Conflict(_) => (StatusCode::CONFLICT, ErrorCode::Conflict),
+            Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge),
+            Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, ErrorCode::BodyTimeout),
+            Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited),
+            Self::DbSaturated => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DbSaturated),
+            Self::DbUnavailable => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DbUnavailable),
+            Self::Timeout => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::RequestTimeout),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
         }
     }
 
@@ -145,22 +291,14 @@ impl ApiError {
     /// Builds the envelope.
     #[must_use]
     pub fn envelope(&self) -> ErrorEnvelope {
-        let (_, kind, code) = self.parts();
-        let retry_after_seconds = self.retry_after();
-        ErrorEnvelope {
-            error: ErrorBody {
-                kind,
-                code,
-                message: self.to_string(),
-                recovery: Recovery { retryable: retry_after_seconds.is_some(), retry_after_seconds },
-            },
-        }
+        ErrorEnvelope::new(self.parts().1, self.to_string(), self.retry_after())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, _, code) = self.parts();
+        let (status, code) = self.parts();
+        let code = code.as_str();
         match &self {
             Self::Internal(err) => tracing::error!(error = ?err, "internal error"),
             Self::DbUnavailable => tracing::warn!(code, "database unavailable"),
@@ -219,6 +357,49 @@ mod tests {
         );
         let json = serde_json::to_value(ApiError::NotFound.envelope()).expect("serialises");
         assert_eq!(json["error"]["recovery"], serde_json::json!({"retryable": false}));
+    }
+
+    #[test]
+    fn every_code_is_in_the_openapi_document_and_renders_as_it_is_published() {
+        use utoipa::OpenApi as _;
+        let doc = serde_json::to_value(crate::openapi::ApiDoc::openapi()).expect("serialises");
+        let published: Vec<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no ErrorCode enum in {:#}", doc["components"]["schemas"]))
+            .iter()
+            .filter_map(serde_json::Value::as_str)
+            .collect();
+        let ours: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(published, ours, "the document's codes are the enum's, in order");
+        for code in ErrorCode::ALL {
+            let json = serde_json::to_value(ErrorEnvelope::new(code, "m".into(), None)).expect("serialises");
+            assert_eq!(json["error"]["code"], code.as_str());
+            assert_eq!(json["error"]["type"], code.kind());
+        }
+    }
+
+    #[test]
+    fn admission_refusals_render_through_the_envelope_as_admissions_own_renderer_does() {
+        for reason in [RefusalReason::QueueFull, RefusalReason::QueueTimeout, RefusalReason::Deadline] {
+            let refusal = Refusal {
+                reason,
+                class: breakwater_admission::ClassId::DEFAULT,
+                in_flight: 5,
+                limit: 5,
+                queued: 16,
+                queue_capacity: 16,
+                retry_after_seconds: 3,
+                wait_ms: 120,
+                client_timeout_ms: 80,
+            };
+            let ours = render_refusal(&refusal);
+            let theirs = refusal.default_response();
+            assert_eq!(ours.status(), theirs.status());
+            assert_eq!(ours.headers(), theirs.headers());
+            assert_eq!(ours.body(), theirs.body(), "{reason:?}: the same bytes as before the API rendered them");
+            let json: serde_json::Value = serde_json::from_slice(ours.body()).expect("JSON");
+            assert_eq!(json["error"]["code"], ErrorCode::of_refusal(reason).as_str());
+        }
     }
 
     #[test]

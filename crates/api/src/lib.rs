@@ -150,7 +150,10 @@ pub fn app(
 {
     let body = body::BodyLayer(state.body.clone());
     let keys = state.jwt.clone();
-    let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
+    let admission = state
+        .admission
+        .layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>)
+        .render_with(error::render_refusal);
     let pacing = state.pacing.layer(admission::caller_key::<Body>(state.config.throttle.trusted_proxies));
     let throttles = state.throttles.clone();
     let trusted_proxies = state.config.throttle.trusted_proxies;
@@ -292,7 +295,7 @@ pub async fn start_with_pool(
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let running = start(config, None).await?;
     tracing::info!(addr = %running.addr, ops_addr = %running.ops_addr, "breakwater-api listening");
-    server::shutdown_signal().await;
+    breakwater_process::shutdown_signal().await;
     tracing::info!("shutdown signal received: readiness off, draining");
     // Give load balancers a moment to see readiness fail before the listener closes.
     let drain_delay = if running.state.config.app_env == config::AppEnv::Production {

@@ -1,7 +1,7 @@
 //! `breakwater-api`: serve (the default), migrate, or mint a development token.
 
 use breakwater_api::auth::{Claims, JwtKeys};
-use breakwater_api::config::{Config, DatabaseConfig, LogFormat};
+use breakwater_api::config::{Config, DatabaseConfig};
 use breakwater_domain::tenants::Role;
 use clap::{Parser, Subcommand};
 use secrecy::SecretString;
@@ -22,6 +22,8 @@ enum Command {
     Migrate {
         #[command(flatten)]
         db: DatabaseConfig,
+        #[command(flatten)]
+        log: breakwater_api::telemetry::LogArgs,
     },
     /// Print a JWT for a tenant's user (development and load tests).
     Token {
@@ -66,15 +68,14 @@ async fn main() -> anyhow::Result<()> {
     };
     match command {
         Command::Serve(config) => {
-            let telemetry =
-                breakwater_api::telemetry::init(config.log_format, config.otel_exporter_otlp_endpoint.as_deref())?;
+            let telemetry = breakwater_api::telemetry::init(&config.log)?;
             let result = breakwater_api::run(*config).await;
             // The spans of the last requests are still in the batch processor's buffer.
             telemetry.shutdown(std::time::Duration::from_secs(3));
             result
         }
-        Command::Migrate { db } => {
-            let _telemetry = breakwater_api::telemetry::init(LogFormat::Pretty, None)?;
+        Command::Migrate { db, log } => {
+            let _telemetry = breakwater_api::telemetry::init(&log)?;
             let pool = db.pool()?;
             breakwater_domain::migrate(&pool).await?;
             tracing::info!("migrations applied");

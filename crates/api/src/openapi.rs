@@ -18,7 +18,7 @@ use crate::routes::{contacts, conversations, health, messages};
         contacts::list, contacts::show, contacts::create, contacts::erase,
         health::health,
     ),
-    components(schemas(breakwater_domain::messages::Order)),
+    components(schemas(breakwater_domain::messages::Order, crate::error::ErrorCode)),
     modifiers(&BearerAuth, &Roles, &LayerResponses),
     tags((name = "conversations"), (name = "messages"), (name = "contacts"), (name = "ops"))
 )]

@@ -45,6 +45,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::admission::BYPASS;
+use crate::error::{ErrorCode, ErrorEnvelope};
 use crate::throttle::gcra::{self, Limit};
 
 /// Which of the process's connections a request came on (in its extensions): the refusal pacer
@@ -357,19 +358,15 @@ const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
 
 /// The edge's answer past the connection cap: the API's envelope, written without hyper.
 static REFUSAL: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let body = serde_json::json!({"error": {
-        "type": "service_unavailable",
-        "code": "load_shed",
-        "message": "connection limit reached",
-        "recovery": {"retryable": true, "retry_after_seconds": 1},
-    }})
-    .to_string();
-    format!(
+    let body = ErrorEnvelope::new(ErrorCode::LoadShed, "connection limit reached".to_owned(), Some(1)).to_bytes();
+    let mut bytes = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+         connection: close\r\ncontent-length: {}\r\n\r\n",
         body.len()
     )
-    .into_bytes()
+    .into_bytes();
+    bytes.extend_from_slice(&body);
+    bytes
 });
 
 /// What the accept loop shares with its connection tasks.
@@ -650,27 +647,5 @@ impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
     }
 }

@@ -60,7 +60,7 @@ impl AppState {
             pacing: breakwater_admission::RetryPacing::new(config.pacing()),
             classes,
             body: Arc::new(crate::body::BodyIntake::new(config.body_limit_bytes, config.body_read_timeout())),
-            bulkhead: Arc::new(Bulkhead::new(config.db.db_pool_size as usize, config.db.acquire_timeout())),
+            bulkhead: Arc::new(Bulkhead::new(config.db.pool_size() as usize, config.db.acquire_timeout())),
             throttles: Arc::new(Throttles::new(config.throttle.settings(), redis.clone())),
             pool,
             redis,

@@ -213,7 +213,8 @@ proptest! {
             12 => ApiError::Forbidden("admin"),
             _ => ApiError::Internal(anyhow::anyhow!("{msg}")),
         };
-        let (status, kind, code) = err.parts();
+        let (status, code) = err.parts();
+        let (kind, code) = (code.kind(), code.as_str());
         let carries_message = matches!(variant, 0 | 1 | 5);
         let response = err.into_response();
         prop_assert_eq!(response.status(), status);

@@ -274,6 +274,10 @@ pub async fn request_erasure_traced(
     Ok(ErasureAccepted { job_id })
 }
 
+/// Rows an erasure deletes per statement unless told otherwise (the worker's
+/// `WORKER_ERASE_BATCH`): small enough that no statement holds many locks for long.
+pub const ERASE_BATCH: i64 = 2_000;
+
 /// Deletes an erased contact's messages, conversations and the contact itself, in batches of
 /// `batch` rows so no statement holds many locks for long. Every statement reaches rows through
 /// the foreign-key indexes, never a scan. Safe to run twice, and to resume after a crash.

@@ -11,6 +11,7 @@
 pub mod contacts;
 pub mod conversations;
 pub mod cursor;
+pub mod database;
 mod error;
 mod ids;
 pub mod jobs;
@@ -21,6 +22,10 @@ pub mod webhooks;
 pub use cursor::Cursor;
 pub use error::{DomainError, Result};
 pub use ids::{TenantId, UserId, new_id};
+
+/// The database every binary and tool uses when `DATABASE_URL` is not set: the local development
+/// server's `breakwater` database.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/breakwater";
 
 /// The PostgreSQL pool every repository function runs on.
 pub type Pool = sqlx::PgPool;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::{Mode, StepReport, ms};
+use crate::step::{Mode, StepReport, ms};
 
 /// The objective and the sensitivities of the reading.
 #[derive(Debug, Clone, Serialize, Deserialize)]

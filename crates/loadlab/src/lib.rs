@@ -27,6 +27,7 @@ pub mod sampler;
 pub mod schedule;
 pub mod smoke;
 pub mod stats;
+pub mod step;
 pub mod tokens;
 pub mod workload;
 

@@ -33,13 +33,42 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 /// The variable that turns tracing export on.
 pub const OTLP_ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
-/// How the logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the logs are written (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogOutput {
     /// Human-readable, one line per event.
     Pretty,
     /// One JSON object per line, with the current span (log pipelines).
     Json,
+}
+
+/// The logging and tracing settings every binary reads, as one clap group: the same variables
+/// with the same defaults in the API and the worker.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log format: `pretty`, or `json` (one object per line, for log pipelines).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "pretty", global = true)]
+    pub log_format: LogOutput,
+    /// The OpenTelemetry collector's base URL (OTLP over HTTP, protobuf): spans are sent to
+    /// `{endpoint}/v1/traces`. Unset or empty: no traces are exported. A job's span continues the
+    /// trace of the request that enqueued it.
+    #[arg(long, env = OTLP_ENDPOINT_VAR, global = true)]
+    pub otel_exporter_otlp_endpoint: Option<String>,
+}
+
+impl LogArgs {
+    /// Installs the telemetry these settings describe ([`Telemetry::init`]).
+    ///
+    /// # Errors
+    /// When the endpoint is not a valid URL or the exporter cannot be built.
+    pub fn init(&self, service: &'static str, default_filter: &str) -> anyhow::Result<Telemetry> {
+        Telemetry::init(&Settings {
+            service,
+            logs: self.log_format,
+            default_filter,
+            otlp_endpoint: self.otel_exporter_otlp_endpoint.as_deref(),
+        })
+    }
 }
 
 /// What to set up.

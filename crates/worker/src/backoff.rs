@@ -14,7 +14,8 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { base: Duration::from_secs(2), max: Duration::from_secs(600) }
+        use crate::settings::defaults as d;
+        Self { base: Duration::from_millis(d::BACKOFF_BASE_MS), max: Duration::from_secs(d::BACKOFF_MAX_SECS) }
     }
 }
 

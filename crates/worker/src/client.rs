@@ -63,12 +63,13 @@ pub struct ClientOptions {
 
 impl Default for ClientOptions {
     fn default() -> Self {
+        use crate::settings::defaults as d;
         Self {
             policy: WebhookPolicy::production(),
-            connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(4),
-            max_idle_per_host: 32,
+            connect_timeout: Duration::from_millis(d::WEBHOOK_CONNECT_TIMEOUT_MS),
+            request_timeout: Duration::from_millis(d::WEBHOOK_TIMEOUT_MS),
+            idle_timeout: Duration::from_secs(d::WEBHOOK_IDLE_SECS),
+            max_idle_per_host: d::WEBHOOK_MAX_IDLE_PER_HOST,
             check_stale: true,
         }
     }

@@ -18,6 +18,7 @@ pub mod emf;
 pub mod handlers;
 pub mod metrics;
 mod runner;
+pub mod settings;
 
 use std::time::Duration;
 
@@ -85,33 +86,36 @@ pub fn owner_name() -> String {
 }
 
 impl Default for WorkerOptions {
+    /// The same defaults as the flags ([`settings::defaults`]).
     fn default() -> Self {
-        let lease = Duration::from_secs(30);
+        use settings::defaults as d;
         Self {
             owner: owner_name(),
             kinds: all_kinds(),
-            concurrency: 16,
-            batch: 16,
-            lease,
-            heartbeat: lease / 3,
-            poll_interval: Duration::from_secs(1),
-            rescue_interval: Duration::from_secs(5),
-            prune_interval: Duration::from_secs(60),
-            completed_retention: Duration::from_secs(24 * 3600),
-            dead_retention: Duration::from_secs(7 * 24 * 3600),
-            idempotency_retention: Duration::from_secs(24 * 3600),
-            shutdown_budget: Duration::from_secs(20),
-            job_timeout: Duration::from_secs(300),
+            concurrency: d::CONCURRENCY,
+            batch: d::BATCH,
+            lease: Duration::ZERO,
+            heartbeat: Duration::ZERO,
+            poll_interval: Duration::from_millis(d::POLL_MS),
+            rescue_interval: Duration::ZERO,
+            prune_interval: Duration::from_secs(d::PRUNE_SECS),
+            completed_retention: Duration::from_secs(d::COMPLETED_RETENTION_SECS),
+            dead_retention: Duration::from_secs(d::DEAD_RETENTION_SECS),
+            idempotency_retention: Duration::from_secs(d::IDEMPOTENCY_RETENTION_SECS),
+            shutdown_budget: Duration::from_secs(d::SHUTDOWN_BUDGET_SECS),
+            job_timeout: Duration::from_secs(d::JOB_TIMEOUT_SECS),
             backoff: Backoff::default(),
-            erase_batch: 2_000,
+            erase_batch: breakwater_domain::contacts::ERASE_BATCH,
             client: ClientOptions::default(),
             exit_when_idle: false,
         }
+        .with_lease(Duration::from_millis(d::LEASE_MS))
     }
 }
 
 impl WorkerOptions {
-    /// Options for a short lease, with heartbeat and rescue intervals derived from it.
+    /// Sets the lease, and the heartbeat (a third of it) and the rescue interval (a quarter of
+    /// it) that follow from it.
     #[must_use]
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;

@@ -56,8 +56,7 @@ pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Re
     let database = if state.is_shutting_down() {
         "shutting_down"
     } else {
-        let probe = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool);
-        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        match tokio::time::timeout(PROBE_TIMEOUT, breakwater_domain::database::ping(&state.pool)).await {
             Ok(Ok(_)) => "ok",
             _ => "unreachable",
         }

@@ -132,12 +132,12 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     let cfg = &state.config;
     let max_connections = tokio::time::timeout(
         std::time::Duration::from_millis(200),
-        sqlx::query_scalar::<_, String>("SHOW max_connections").fetch_one(&state.pool),
+        breakwater_domain::database::max_connections(&state.pool),
     )
     .await
     .ok()
     .and_then(Result::ok)
-    .and_then(|v| v.parse().ok());
+    .map(i64::from);
     let jobs = state
         .queue_stats
         .get(&state.pool)
@@ -146,10 +146,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     let size = state.pool.size();
     let idle = state.pool.num_idle();
     Json(OpsStatus {
-        env: match cfg.app_env {
-            crate::config::AppEnv::Development => "development",
-            crate::config::AppEnv::Production => "production",
-        },
+        env: cfg.app_env.as_str(),
         version: env!("CARGO_PKG_VERSION"),
         uptime_seconds: state.started_at.elapsed().as_secs(),
         shutting_down: state.is_shutting_down(),
@@ -177,13 +174,13 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             throttles: state.throttles.status(),
             bulkhead: state.bulkhead.status(),
             pool: Pool {
-                max: cfg.db.db_pool_size,
+                max: cfg.db.pool_size(),
                 size,
                 idle,
                 in_use: (size as usize).saturating_sub(idle),
                 acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
-                statement_timeout_ms: cfg.db.db_statement_timeout_ms,
-                ping_after_idle_ms: cfg.db.db_ping_after_idle_ms,
+                statement_timeout_ms: cfg.db.shared.db_statement_timeout_ms,
+                ping_after_idle_ms: cfg.db.shared.db_ping_after_idle_ms,
             },
             postgres: Postgres { max_connections },
             jobs,
