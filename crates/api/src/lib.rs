@@ -39,6 +39,7 @@ pub mod state;
 pub mod telemetry;
 pub mod throttle;
 pub mod throttle_layer;
+pub mod views;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

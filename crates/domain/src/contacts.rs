@@ -1,14 +1,13 @@
 //! Contacts: the list with activity, creation, and privacy erasure.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use uuid::Uuid;
 
 use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id, jobs};
 
-/// A contact with their conversation count and newest activity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// A contact with their conversation count and newest activity (the API's view:
+/// `breakwater_api::views::Contact`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contact {
     /// The contact's id.
     pub id: Uuid,
@@ -24,8 +23,6 @@ pub struct Contact {
     pub last_activity_at: Option<DateTime<Utc>>,
     /// The list's sort key as PostgreSQL computes it (`lower(name)`, or `lower(email)` for an
     /// email search), so a cursor resumes exactly where the database's order says.
-    #[serde(skip)]
-    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub sort_key: String,
 }
 
@@ -51,8 +48,7 @@ pub struct NewContact {
 }
 
 /// The answer to an erasure request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErasureAccepted {
     /// The job that deletes the data.
     pub job_id: Uuid,

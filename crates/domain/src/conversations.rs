@@ -22,8 +22,7 @@ pub enum ConversationStatus {
 }
 
 /// A conversation as the inbox shows it: with its contact's name and the last message preview.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Conversation {
     /// The conversation's id.
     pub id: Uuid,

@@ -72,8 +72,7 @@ pub const DEFAULT_PAGE_SIZE: u32 = 25;
 pub const MAX_PAGE_SIZE: u32 = 100;
 
 /// A page of a keyset-paginated list: `limit + 1` rows are read to know whether there is more.
-#[derive(Debug, Clone, serde::Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone)]
 pub struct Page<T> {
     /// The rows of this page.
     pub items: Vec<T>,

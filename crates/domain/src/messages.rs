@@ -23,8 +23,7 @@ pub enum MessageSender {
 }
 
 /// One message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// The message's id.
     pub id: Uuid,

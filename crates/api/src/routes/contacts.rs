@@ -5,8 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use breakwater_domain::Page;
-use breakwater_domain::contacts::{self, Contact, ContactSearch, ErasureAccepted, NewContact};
+use breakwater_domain::contacts::{self, ContactSearch, NewContact};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -14,6 +13,7 @@ use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::extract::{Json, Path, Query};
 use crate::state::AppState;
+use crate::views::{Contact, ErasureAccepted, Page};
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/v1/contacts", get(list).post(create)).route("/v1/contacts/{id}", get(show).delete(erase))
@@ -72,7 +72,7 @@ pub(crate) async fn show(
     auth: Auth,
     Path(id): Path<Uuid>,
 ) -> ApiResult<axum::Json<Contact>> {
-    Ok(axum::Json(contacts::get(&state.pool, auth.tenant, id).await?))
+    Ok(axum::Json(contacts::get(&state.pool, auth.tenant, id).await?.into()))
 }
 
 /// Body of `POST /v1/contacts`.
@@ -96,7 +96,7 @@ pub(crate) async fn create(
     Json(body): Json<CreateContact>,
 ) -> ApiResult<impl IntoResponse> {
     let contact = contacts::create(&state.pool, auth.tenant, NewContact { name: body.name, email: body.email }).await?;
-    Ok((StatusCode::CREATED, axum::Json(contact)))
+    Ok((StatusCode::CREATED, axum::Json(Contact::from(contact))))
 }
 
 /// Privacy erasure (PDPA/GDPR): from this response on, the contact and all of their
@@ -112,5 +112,5 @@ pub(crate) async fn erase(
     // The erasure job continues this request's trace in the worker.
     let traceparent = breakwater_telemetry::current_traceparent();
     let accepted = contacts::request_erasure_traced(&state.pool, auth.tenant, id, traceparent).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
+    Ok((StatusCode::ACCEPTED, axum::Json(ErasureAccepted::from(accepted))))
 }

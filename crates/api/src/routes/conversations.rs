@@ -4,9 +4,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Router, response::IntoResponse};
-use breakwater_domain::Page;
 use breakwater_domain::conversations::{
-    self, AssigneeFilter, Conversation, ConversationChanges, ConversationStatus, InboxFilter, NewConversation,
+    self, AssigneeFilter, ConversationChanges, ConversationStatus, InboxFilter, NewConversation,
 };
 use serde::{Deserialize, Deserializer};
 use uuid::Uuid;
@@ -15,6 +14,7 @@ use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::extract::{Json, Path, Query};
 use crate::state::AppState;
+use crate::views::{Conversation, Page};
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
@@ -75,7 +75,7 @@ pub(crate) async fn show(
     auth: Auth,
     Path(id): Path<Uuid>,
 ) -> ApiResult<axum::Json<Conversation>> {
-    Ok(axum::Json(conversations::get(&state.pool, auth.tenant, id).await?))
+    Ok(axum::Json(conversations::get(&state.pool, auth.tenant, id).await?.into()))
 }
 
 /// Body of `POST /v1/conversations`.
@@ -109,7 +109,7 @@ pub(crate) async fn create(
         status: body.status.unwrap_or(ConversationStatus::Open),
     };
     let created = conversations::create(&state.pool, auth.tenant, new).await?;
-    Ok((StatusCode::CREATED, axum::Json(created)))
+    Ok((StatusCode::CREATED, axum::Json(Conversation::from(created))))
 }
 
 /// Body of `PATCH /v1/conversations/{id}`: absent fields are left as they are; `"assignee_id":
@@ -145,5 +145,5 @@ pub(crate) async fn update(
         return Err(ApiError::InvalidRequest("nothing to change: give status and/or assignee_id".into()));
     }
     let changes = ConversationChanges { status: body.status, assignee_id: body.assignee_id };
-    Ok(axum::Json(conversations::update(&state.pool, auth.tenant, id, changes).await?))
+    Ok(axum::Json(conversations::update(&state.pool, auth.tenant, id, changes).await?.into()))
 }

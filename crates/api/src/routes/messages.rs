@@ -5,8 +5,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use breakwater_domain::Page;
-use breakwater_domain::messages::{self, Message, Order};
+use breakwater_domain::messages::{self, Order};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -14,6 +13,7 @@ use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::extract::{Json, Path, Query};
 use crate::state::AppState;
+use crate::views::{Message, Page};
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/v1/conversations/{id}/messages", get(list).post(create))
@@ -94,7 +94,7 @@ pub(crate) async fn create(
     // The delivery job continues this request's trace in the worker.
     let traceparent = breakwater_telemetry::current_traceparent();
     let posted = messages::post(&state.pool, auth.tenant, auth.user, id, &body.body, key, traceparent).await?;
-    let mut response = (StatusCode::CREATED, axum::Json(posted.message)).into_response();
+    let mut response = (StatusCode::CREATED, axum::Json(Message::from(posted.message))).into_response();
     if posted.replayed {
         response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     }

@@ -51,8 +51,7 @@ pub(crate) fn cursor(
     .transpose()
 }
 
-/// A page with its `next_cursor` sealed.
-pub(crate) fn sealed<T>(state: &AppState, mut page: breakwater_domain::Page<T>) -> breakwater_domain::Page<T> {
-    page.next_cursor = page.next_cursor.map(|c| state.cursors.seal(&c));
-    page
+/// The view of a domain page, its `next_cursor` sealed.
+pub(crate) fn sealed<D, T: From<D>>(state: &AppState, page: breakwater_domain::Page<D>) -> crate::views::Page<T> {
+    crate::views::Page::of(page.items, page.next_cursor.map(|c| state.cursors.seal(&c)))
 }
