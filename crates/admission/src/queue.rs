@@ -79,18 +79,18 @@ impl FairQueue {
 
     /// The next waiter: from the waiting tenant with the smallest footprint (`held(key)` slots
     /// plus its waiters), ties taken in turn (round robin from where the last pick left off);
-    /// within a tenant, oldest first, or newest first when `newest_first(key, its waiters)`.
+    /// within a tenant, oldest first, or newest first when `newest_first(key)`.
     pub(crate) fn pop(
         &mut self,
         held: impl Fn(Option<u64>) -> usize,
-        newest_first: impl Fn(Option<u64>, usize) -> bool,
+        newest_first: impl Fn(Option<u64>) -> bool,
     ) -> Option<Waiter> {
         let n = self.tenants.len();
         let i = (0..n)
             .map(|k| (self.cursor + k) % n)
             .min_by_key(|&i| held(self.tenants[i].key) + self.tenants[i].waiters.len())?;
         let t = &mut self.tenants[i];
-        let waiter = if newest_first(t.key, t.waiters.len()) { t.waiters.pop_back() } else { t.waiters.pop_front() };
+        let waiter = if newest_first(t.key) { t.waiters.pop_back() } else { t.waiters.pop_front() };
         self.len -= 1;
         self.cursor = i + 1;
         self.drop_if_empty(i);
@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn drain(q: &mut FairQueue, held: impl Fn(Option<u64>) -> usize + Copy) -> Vec<u64> {
-        std::iter::from_fn(|| q.pop(held, |_, _| false)).map(|w| w.id).collect()
+        std::iter::from_fn(|| q.pop(held, |_| false)).map(|w| w.id).collect()
     }
 
     #[test]
@@ -194,8 +194,8 @@ mod tests {
         let mut q = FairQueue::default();
         let _rx = fill(&mut q, &[(1, 1), (1, 2), (1, 3)]);
         assert_eq!(q.queued(Some(1)), 3);
-        assert_eq!(q.pop(|_| 0, |_, _| true).map(|w| w.id), Some(3));
-        assert_eq!(q.pop(|_| 0, |_, _| false).map(|w| w.id), Some(1));
+        assert_eq!(q.pop(|_| 0, |_| true).map(|w| w.id), Some(3));
+        assert_eq!(q.pop(|_| 0, |_| false).map(|w| w.id), Some(1));
     }
 
     #[test]
