@@ -5,6 +5,10 @@
 //!
 //! Value types whose wire spelling is their meaning (a conversation's status, a message's sender,
 //! a list's order) are the domain's own enums; structures are always views.
+//!
+//! Each view repeats its domain type's fields and doc comments on purpose (the `duplicates` tool
+//! lists the pairs): the repetition is the contract, written where a reviewer of the API sees it,
+//! and the `From` impls make the compiler report a field the domain renames or drops.
 
 use breakwater_domain::{contacts, conversations, messages};
 use chrono::{DateTime, Utc};
