@@ -34,7 +34,9 @@
 mod body;
 mod config;
 mod controller;
+mod fairness;
 mod histogram;
+mod keys;
 mod layer;
 mod pacing;
 mod queue;

@@ -40,8 +40,9 @@ use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
+use crate::keys::KeyHasher;
 use crate::refusal::Refusal;
-use crate::state::{KeyHasher, lock};
+use crate::state::lock;
 
 /// Marks a refusal made outside admission that holds nothing shared, so that the pacer may delay
 /// it when its caller came back early. Put it in the response's extensions.

@@ -14,7 +14,9 @@ use tokio::time::Instant;
 
 use crate::config::{AdmissionConfig, ClassConfig, ClassId, ConfigError};
 use crate::controller::{Controller, WindowSummary};
+use crate::fairness::flooding;
 use crate::histogram::Histogram;
+use crate::keys::KeyHasher;
 use crate::queue::{FairQueue, Outcome, Waiter};
 use crate::refusal::{Refusal, RefusalReason, retry_after};
 use crate::snapshot::{ClassSnapshot, ShedTotals, Snapshot};
@@ -455,84 +457,6 @@ impl ClassState {
     }
 }
 
-/// Sustained overload (CoDel: no arrival has found a free slot for `codel_interval`) caused by
-/// this tenant at another's expense: another tenant holds a slot or waits, and this one holds
-/// over twice its share of the `busy` slots, or it is the one tenant holding any, or nobody
-/// holds one and it waits. A tenant at or under its share keeps the normal
-/// wait and order, and so does one holding no slot while another holds them all: at a small limit
-/// a flooding tenant often holds every slot, and a light tenant arriving then, or queueing a
-/// second request, is not the cause of the overload.
-#[allow(clippy::too_many_arguments)]
-fn flooding(
-    slots: &HashMap<Option<u64>, usize, KeyHasher>,
-    waiting_tenants: usize,
-    queued: bool,
-    busy: usize,
-    tenant: Option<u64>,
-    waiting: bool,
-    backlog: Duration,
-    cfg: &AdmissionConfig,
-) -> bool {
-    if backlog < cfg.codel_interval {
-        return false;
-    }
-    let held = slots.get(&tenant).copied().unwrap_or(0);
-    let holders = slots.len();
-    // Alone in the class (no other tenant holds a slot or waits): the overload is the service's,
-    // not this tenant's at anyone else's expense, so it keeps the normal wait and order. The
-    // short wait is for sharing; with nobody to share with it would only refuse work that the
-    // latency target could carry.
-    let others_hold = holders > usize::from(held > 0);
-    let others_wait = waiting_tenants > usize::from(queued);
-    if !others_hold && !others_wait {
-        return false;
-    }
-    if held == 0 {
-        return holders == 0 && waiting;
-    }
-    holders == 1 || held * holders > 2 * busy
-}
-impl WindowSummary {
-    fn throughput(&self) -> f64 {
-        f64::from(self.completed) / self.elapsed.max(1e-9)
-    }
-}
-
-/// Tenant keys are already numbers (often hashes): a multiply spreads them well enough and costs
-/// far less than SipHash on every admission and release. Keys come from the API, not from
-/// attackers choosing collisions at this layer's scale (a few hundred slots).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct KeyHasher;
-
-impl std::hash::BuildHasher for KeyHasher {
-    type Hasher = KeyHash;
-    fn build_hasher(&self) -> KeyHash {
-        KeyHash(0)
-    }
-}
-
-pub(crate) struct KeyHash(u64);
-
-impl std::hash::Hasher for KeyHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-    fn write_isize(&mut self, n: isize) {
-        self.write_u64(n.cast_unsigned() as u64);
-    }
-}
-
 fn secs_to_ms(secs: f64) -> u64 {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let ms = (secs * 1e3).round().clamp(0.0, 1e12) as u64;
@@ -652,5 +576,11 @@ impl Drop for Ticket {
             // Granted but never used: give the slot back (and to the next waiter).
             drop(SlotGuard::new(self.admission.shared.clone(), self.class, self.tenant, Instant::now(), probe));
         }
+    }
+}
+
+impl WindowSummary {
+    fn throughput(&self) -> f64 {
+        f64::from(self.completed) / self.elapsed.max(1e-9)
     }
 }
