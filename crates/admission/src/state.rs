@@ -64,7 +64,10 @@ struct ClassState {
     recent_since: Instant,
     admitted: u64,
     shed: ShedTotals,
-    /// Completions per second in the last window.
+    /// Completions per second in the last window (published).
+    throughput: f64,
+    /// Completions per busy second in the last window: prices Retry-After, deadlines and the
+    /// overload queue's room.
     drain_rate: f64,
     /// Offered / admitted in the last window (>= 1).
     pressure: f64,
@@ -79,6 +82,9 @@ struct Window {
     started: Instant,
     /// Integral of the in-flight count over time, for its time-weighted mean.
     area: f64,
+    /// Seconds with at least one request in flight: the drain rate is completions per busy
+    /// second, so that an idle spell inside a window does not make the service look slow.
+    busy: f64,
     last_change: Instant,
     completed: u32,
     sum: f64,
@@ -93,6 +99,7 @@ impl Window {
         Self {
             started: now,
             area: 0.0,
+            busy: 0.0,
             last_change: now,
             completed: 0,
             sum: 0.0,
@@ -139,6 +146,7 @@ impl Admission {
                     recent_since: now,
                     admitted: 0,
                     shed: ShedTotals::default(),
+                    throughput: 0.0,
                     drain_rate: 0.0,
                     pressure: 1.0,
                     service_p50: 0.0,
@@ -187,7 +195,7 @@ impl Admission {
                     p50_ms: q(0.5),
                     p95_ms: q(0.95),
                     baseline_ms: st.controller.baseline().map(|b| b * 1e3),
-                    throughput_per_sec: st.drain_rate,
+                    throughput_per_sec: st.throughput,
                 }
             })
             .collect();
@@ -308,7 +316,11 @@ impl ClassState {
         let w = &mut self.window;
         #[allow(clippy::cast_precision_loss)]
         let n = self.in_flight as f64;
-        w.area += n * now.saturating_duration_since(w.last_change).as_secs_f64();
+        let dt = now.saturating_duration_since(w.last_change).as_secs_f64();
+        w.area += n * dt;
+        if self.in_flight > 0 {
+            w.busy += dt;
+        }
         w.last_change = now;
     }
 
@@ -396,7 +408,11 @@ impl ClassState {
                 in_flight: w.area / elapsed.max(1e-9),
                 limited: w.limited,
             };
-            self.drain_rate = summary.throughput();
+            self.throughput = summary.throughput();
+            // Completions per busy second: what the service drains while it has work, which
+            // is what a refused caller waits on. Over the whole window, an idle spell before
+            // a burst priced Retry-After at up to a minute (docs/ADMISSION.md).
+            self.drain_rate = f64::from(w.completed) / w.busy.max(1e-3);
             self.pressure = f64::from(w.arrivals) / f64::from(w.admitted.max(1));
             self.service_p50 = p(0.5);
             if self.controller.adapts() {

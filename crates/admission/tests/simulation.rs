@@ -334,3 +334,24 @@ async fn served_work_holds_as_spinning_callers_rise_from_4_to_192() {
     assert!(storm >= 0.8 * base, "192 spinning callers, paced: {storm:.0}/s against {base:.0}/s at 4");
     assert!(unpaced < 0.65 * base, "the control: unpaced, the storm takes the CPU ({unpaced:.0}/s)");
 }
+
+/// Callers that honour `Retry-After`, arriving all at once after the service was idle for a
+/// while (a deploy, a step of a load test, the morning): the refusals must tell them to come
+/// back in about the time the service needs to make room, not in a time priced by the idle
+/// window, or the service sits idle while they wait. 200 callers against a service that serves
+/// 400/s with a knee of 20: the queue drains in well under a second, so the longest wait asked
+/// stays at a couple of seconds and the service stays busy.
+#[tokio::test(start_paused = true)]
+async fn after_an_idle_spell_honouring_callers_are_not_sent_away_for_long() {
+    let run = Run::new(AdmissionConfig::default());
+    run.offer_x(0.5, 5.0).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let seen = honour(&run.svc, 200, Duration::from_secs(12), Duration::from_secs(2)).await;
+    run.finish().await;
+    let longest = seen.retry_after.iter().copied().max().unwrap_or(0);
+    let served = seen.ok as f64 / 10.0;
+    println!("refusals {}, longest Retry-After {longest} s, served {served:.0}/s of 400", seen.retry_after.len());
+    assert!(!seen.retry_after.is_empty(), "200 callers against a knee of 20 are refused at first");
+    assert!(longest <= 3, "the longest Retry-After was {longest} s");
+    assert!(served >= 0.8 * run.sim.capacity(), "served {served:.0}/s of {:.0}", run.sim.capacity());
+}

@@ -337,3 +337,61 @@ where
 pub fn caller(req: &Request<Body>) -> Option<u64> {
     req.headers().get("x-caller").and_then(|v| v.to_str().ok()?.parse().ok())
 }
+
+/// What a population of honouring callers saw: the 200s answered at or after `from`, and every
+/// `Retry-After` it was given.
+#[derive(Debug, Default)]
+pub struct Honoured {
+    pub ok: usize,
+    pub retry_after: Vec<u32>,
+}
+
+/// `callers` closed-loop callers that honour `Retry-After`, as SDK retry policies do: after a
+/// refusal a caller sends nothing until the header's seconds, times a jitter factor in
+/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`.
+pub async fn honour<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> Honoured
+where
+    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug + Send,
+{
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..callers {
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let mut seen = Honoured::default();
+            let mut n = c as u64;
+            while start.elapsed() < duration {
+                let req = Request::builder()
+                    .uri("/")
+                    .header("x-tenant", c.to_string())
+                    .header("x-caller", c.to_string())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap_or_default();
+                let Ok(res) = svc.clone().oneshot(req).await else { panic!("service failed") };
+                let status = res.status();
+                let header: Option<u32> =
+                    res.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
+                let _ = res.into_body().collect().await;
+                if status == http::StatusCode::OK {
+                    if start.elapsed() >= from {
+                        seen.ok += 1;
+                    }
+                } else if let Some(secs) = header {
+                    seen.retry_after.push(secs);
+                    n += callers as u64;
+                    let jitter = 1.0 + (splitmix(n) % 1_000) as f64 / 5_000.0;
+                    tokio::time::sleep(Duration::from_secs(u64::from(secs)).mul_f64(jitter)).await;
+                }
+            }
+            seen
+        });
+    }
+    let mut all = Honoured::default();
+    while let Some(Ok(seen)) = tasks.join_next().await {
+        all.ok += seen.ok;
+        all.retry_after.extend(seen.retry_after);
+    }
+    all
+}
