@@ -1730,6 +1730,7 @@ mod tests {
                 attempts: 270,
                 attempts_per_success: 3.0,
                 time_to_success: breakwater_loadlab::stats::Pcts { p99_ms: 2500.0, ..Default::default() },
+                cut_off: 0,
             }),
             ..row("2x", 2.0, 90.0, 100.0, 0.2)
         };

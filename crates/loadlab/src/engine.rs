@@ -106,6 +106,8 @@ pub struct EngineConfig {
     /// Arrivals honour `Retry-After` as this policy says (`None`: a refusal ends the arrival, as
     /// for a client that ignores it and moves on to its next request).
     pub honour: Option<crate::retry::RetryPolicy>,
+    /// Keep each step second by second (`StepReport::timeline`).
+    pub timeline: bool,
 }
 
 impl Default for EngineConfig {
@@ -119,6 +121,7 @@ impl Default for EngineConfig {
             timeout: Duration::from_secs(10),
             new_connections: false,
             honour: None,
+            timeline: false,
         }
     }
 }
@@ -161,6 +164,8 @@ pub struct StepCtx {
     cap: Option<Arc<Semaphore>>,
     cap_waits: AtomicU64,
     honour: Option<crate::retry::Honouring>,
+    /// When the step stops starting work.
+    ends: Instant,
 }
 
 impl StepCtx {
@@ -180,9 +185,19 @@ impl StepCtx {
         let client = caller.map_or(ClientKey::Token(req.tenant), |c| ClientKey::Caller(c.index));
         let mut attempts = 0;
         let mut when = intended;
+        let mut last = None;
         loop {
-            // A client told to wait sends nothing before then, this request included.
+            // A client told to wait sends nothing before then, this request included; a wait
+            // that outlasts the step cuts the logical request off at the step's end, so that
+            // one long Retry-After does not stretch the step (and dilute its rates).
             if let Some(until) = honour.paused_until(client) {
+                if until > self.ends {
+                    // Waiting until the step's end (not returning at once) keeps a closed-loop
+                    // caller from coming straight back with its next request.
+                    tokio::time::sleep_until(self.ends.into()).await;
+                    honour.cut_off();
+                    return last.unwrap_or_else(|| (Outcome::error("cut off at the step's end"), None));
+                }
                 tokio::time::sleep_until(until.into()).await;
                 when = Instant::now();
             }
@@ -206,6 +221,7 @@ impl StepCtx {
                     return (outcome, reply);
                 }
             }
+            last = Some((outcome, reply));
         }
     }
 
@@ -285,20 +301,22 @@ impl Engine {
         }
     }
 
-    fn begin(&self, index: usize, cap: Option<usize>) -> Begun {
+    fn begin(&self, index: usize, cap: Option<usize>, duration: Duration) -> Begun {
         self.sampler.set_step(Some(index));
+        let start = Instant::now();
         let ctx = Arc::new(StepCtx {
             http: self.http.clone(),
             tokens: Arc::clone(&self.tokens),
             seed: self.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(index as u64),
-            rec: Mutex::new(StepRecorder::new()),
+            rec: Mutex::new(if self.cfg.timeline { StepRecorder::with_timeline(start) } else { StepRecorder::new() }),
             in_flight: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             cap: cap.map(|c| Arc::new(Semaphore::new(c))),
             cap_waits: AtomicU64::new(0),
             honour: self.cfg.honour.map(crate::retry::Honouring::new),
+            ends: start + duration,
         });
-        Begun { ctx, start: Instant::now(), cpu0: procstat::cpu_seconds(None), conns0: self.http.connections_opened() }
+        Begun { ctx, start, cpu0: procstat::cpu_seconds(None), conns0: self.http.connections_opened() }
     }
 
     /// One open-loop step: each stream is (arrivals per second, what an arrival does).
@@ -311,7 +329,7 @@ impl Engine {
         duration: Duration,
         streams: Vec<(f64, Arc<dyn Workload>)>,
     ) -> StepReport {
-        let b = self.begin(index, self.cfg.max_in_flight);
+        let b = self.begin(index, self.cfg.max_in_flight, duration);
         let handle = tokio::runtime::Handle::current();
         let tracker = TaskTracker::new();
         let stop = Arc::new(AtomicBool::new(false));
@@ -372,7 +390,7 @@ impl Engine {
         duration: Duration,
         workload: Arc<dyn Workload>,
     ) -> StepReport {
-        let b = self.begin(index, None);
+        let b = self.begin(index, None, duration);
         let end = b.start + duration;
         let mut set = tokio::task::JoinSet::new();
         for c in 0..concurrency {
@@ -525,6 +543,7 @@ impl Engine {
             mode,
             offered_rps,
             concurrency,
+            started_s: b.start.saturating_duration_since(self.run_start).as_secs_f64(),
             duration_s: dur_s,
             elapsed_s,
             sent,
@@ -543,6 +562,7 @@ impl Engine {
             audit,
             server,
             logical: ctx.honour.as_ref().map(crate::retry::Honouring::report),
+            timeline: rec.timeline(),
         }
     }
 

@@ -82,6 +82,10 @@ struct EngineArgs {
     /// alive: what a refusal costs a server that must accept each one.
     #[arg(long)]
     new_connection_per_request: bool,
+    /// Keep each step second by second as well (offered, 2xx, refusals by code, errors by kind,
+    /// 2xx p50/p99), in the JSON report's `timeline`: for a change inside one step.
+    #[arg(long)]
+    timeline: bool,
 }
 
 impl EngineArgs {
@@ -95,6 +99,7 @@ impl EngineArgs {
             timeout: self.timeout,
             new_connections: self.new_connection_per_request,
             honour: self.honour_retry_after.then(breakwater_loadlab::retry::RetryPolicy::default),
+            timeline: self.timeline,
         }
     }
 }

@@ -184,11 +184,12 @@ impl Report {
             if let Some(l) = &s.logical {
                 let _ = writeln!(
                     out,
-                    "{:<14} honouring Retry-After: {} requests, {} succeeded, {} gave up, {:.2} attempts per success, time to success p50 {} p99 {}",
+                    "{:<14} honouring Retry-After: {} requests, {} succeeded, {} gave up, {} cut off by the step's end, {:.2} attempts per success, time to success p50 {} p99 {}",
                     "",
                     l.requests,
                     l.succeeded,
                     l.gave_up,
+                    l.cut_off,
                     l.attempts_per_success,
                     ms(l.time_to_success.p50_ms),
                     ms(l.time_to_success.p99_ms)

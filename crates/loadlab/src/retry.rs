@@ -54,6 +54,10 @@ pub struct LogicalReport {
     pub attempts_per_success: f64,
     /// From the first attempt's intended time to the success's end.
     pub time_to_success: Pcts,
+    /// Still waiting out a `Retry-After` that outlasted the step: cut off at its end, counted
+    /// in none of the above (their wait is unknown, and the step's rates stay its own).
+    #[serde(default)]
+    pub cut_off: u64,
 }
 
 /// Per-step state of an honouring population.
@@ -73,6 +77,7 @@ struct Recorder {
     gave_up: u64,
     attempts: u64,
     time_to_success: Hist,
+    cut_off: u64,
 }
 
 impl Honouring {
@@ -138,6 +143,13 @@ impl Honouring {
         }
     }
 
+    /// A logical request's next attempt would go out after the step's end.
+    pub(crate) fn cut_off(&self) {
+        if let Ok(mut r) = self.rec.lock() {
+            r.cut_off += 1;
+        }
+    }
+
     pub(crate) fn report(&self) -> LogicalReport {
         let Ok(r) = self.rec.lock() else { return LogicalReport::default() };
         LogicalReport {
@@ -147,6 +159,7 @@ impl Honouring {
             attempts: r.attempts,
             attempts_per_success: if r.succeeded == 0 { 0.0 } else { r.attempts as f64 / r.succeeded as f64 },
             time_to_success: r.time_to_success.summary(),
+            cut_off: r.cut_off,
         }
     }
 }

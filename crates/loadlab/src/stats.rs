@@ -165,11 +165,22 @@ pub struct StepRecorder {
     busy_s: f64,
     /// Sum of (end - intended) in seconds.
     corrected_s: f64,
+    /// Second by second, when the run asks for it.
+    timeline: Option<crate::timeline::Timeline>,
 }
 
 impl StepRecorder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// One that also keeps the step second by second from `origin`.
+    pub fn with_timeline(origin: Instant) -> Self {
+        Self { timeline: Some(crate::timeline::Timeline::new(origin)), ..Self::default() }
+    }
+
+    pub fn timeline(&self) -> Option<Vec<crate::timeline::Second>> {
+        self.timeline.as_ref().map(crate::timeline::Timeline::seconds)
     }
 
     pub fn record(&mut self, s: &Sample<'_>) {
@@ -198,6 +209,9 @@ impl StepRecorder {
         self.busy_s += uncorrected.as_secs_f64();
         self.corrected_s += corrected.as_secs_f64();
         self.last_end = Some(self.last_end.map_or(s.end, |e| e.max(s.end)));
+        if let Some(t) = &mut self.timeline {
+            t.record(s.intended, s.end, s.outcome);
+        }
 
         let ep = self
             .endpoints

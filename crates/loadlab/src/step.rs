@@ -29,6 +29,10 @@ pub struct StepReport {
     /// Callers (closed loop).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
+    /// When the step began, seconds since the run began (aligns a step's `timeline` with
+    /// what else was happening).
+    #[serde(default)]
+    pub started_s: f64,
     /// How long the schedule ran.
     pub duration_s: f64,
     /// From the step's start to its last response (includes draining the queue).
@@ -58,6 +62,9 @@ pub struct StepReport {
     /// retried by the policy): attempts per success and time to success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logical: Option<crate::retry::LogicalReport>,
+    /// The step second by second, when the run asked for it (`EngineConfig::timeline`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<crate::timeline::Second>>,
 }
 
 /// The generator checking itself: a step where the generator, not the server, was the limit

@@ -7,6 +7,7 @@ use std::time::Duration;
 use breakwater_loadlab::analysis::AnalysisConfig;
 use breakwater_loadlab::profiles::ProfilesFile;
 use breakwater_loadlab::report::Report;
+use breakwater_loadlab::retry::RetryPolicy;
 use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
 use breakwater_loadlab::tokens::{DEV_SECRET, TokenLine, Tokens};
 use breakwater_loadlab::{EngineConfig, compare, html};
@@ -156,6 +157,29 @@ async fn the_closed_loop_sweep_shows_queueing_behind_a_single_worker() {
         one.ok.corrected.p50_ms
     );
     assert_eq!(four.concurrency, Some(4));
+}
+
+/// An honouring caller told to wait longer than the step lasts is cut off at the step's end and
+/// counted apart: the step ends on time instead of waiting out the longest `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_that_outlasts_the_step_cuts_the_request_off_at_its_end() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(SERVICE).await;
+    let cfg = SweepConfig {
+        urls: vec![srv.url("/shed_long")],
+        concurrency: vec![4],
+        step: Duration::from_millis(500),
+        pause: Duration::from_millis(0),
+        engine: EngineConfig { honour: Some(RetryPolicy::default()), ..EngineConfig::default() },
+        sampling: Sampling::default(),
+    };
+    let started = std::time::Instant::now();
+    let report = runs::sweep(&cfg, Tokens::none(), None).await;
+    let s = &report.steps[0];
+    let logical = s.logical.as_ref().expect("an honouring population reports its logical requests");
+    assert!(started.elapsed() < Duration::from_secs(5), "the step waited out Retry-After: {:?}", started.elapsed());
+    assert_eq!(s.refused.stats.count, 4, "each caller's first attempt is refused");
+    assert_eq!((logical.cut_off, logical.requests, logical.succeeded), (4, 0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,12 @@ pub async fn start(service: Duration) -> TestServer {
         .route("/v1/conversations/{id}/messages", get(list_messages).post(post_message))
         .route("/v1/contacts", get(list_contacts))
         .route("/whoami", get(whoami))
+        .route(
+            "/shed_long",
+            get(|| async {
+                (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "30")], Json(envelope("load_shed")))
+            }),
+        )
         .with_state(Arc::clone(&state));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
