@@ -727,7 +727,7 @@ async fn stop(api: &mut tokio::process::Child, pid: u32) {
 }
 
 /// Seeds `database` unless its comment says it already holds the same seed.
-async fn seed(bin: &Path, server: &str, database: &str, quick: bool) -> anyhow::Result<String> {
+pub(crate) async fn seed(bin: &Path, server: &str, database: &str, quick: bool) -> anyhow::Result<String> {
     let wanted = if quick { SEED_SMALL } else { SEED_FULL };
     let admin = PgPoolOptions::new().max_connections(1).connect(&services::with_database(server, "postgres")).await?;
     let comment: Option<String> =
@@ -760,8 +760,8 @@ async fn seed(bin: &Path, server: &str, database: &str, quick: bool) -> anyhow::
 /// skew), its traffic spread over up to eight of its users; and the same with the heaviest
 /// tenant at `noisy_factor` times its share.
 #[derive(Debug)]
-struct TokenSet {
-    path: PathBuf,
+pub(crate) struct TokenSet {
+    pub(crate) path: PathBuf,
     noisy_path: PathBuf,
     /// The heaviest tenant's tokens alone: the one-tenant mix, and the flood.
     one_path: PathBuf,
@@ -780,7 +780,7 @@ impl TokenSet {
     }
 }
 
-async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<TokenSet> {
+pub(crate) async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<TokenSet> {
     let pool = PgPoolOptions::new().max_connections(1).connect(db_url).await?;
     let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
         "SELECT t.id, (SELECT count(*) FROM conversations c WHERE c.tenant_id = t.id) FROM tenants t ORDER BY 2 DESC, 1",
@@ -833,7 +833,7 @@ async fn tokens(db_url: &str, runs: &Path, noisy_factor: f64) -> anyhow::Result<
     Ok(TokenSet { path, noisy_path, one_path, others_path, tenants: rows.len(), top_share, noisy_tenant })
 }
 
-fn commit(root: &Path) -> String {
+pub(crate) fn commit(root: &Path) -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

@@ -7,9 +7,11 @@
 //! - `cargo xtask bench-queries`: the API's queries timed on the full skewed seed.
 //! - `cargo xtask chaos [--quick]`: the reliability suite (faults and hostile input, under load).
 //! - `cargo xtask lab [--quick]`: the headline experiment (admission off, static, adaptive) pinned.
+//! - `cargo xtask fleet [--quick]`: pinned tasks behind HAProxy, autoscaled through a surge.
 
 mod bench_queries;
 mod chaos;
+mod fleet;
 mod lab;
 mod lab_plan;
 mod lab_report;
@@ -46,6 +48,10 @@ enum Command {
     /// at the production shape (report in docs/PERFORMANCE.md and docs/lab/; `--quick` for a CI
     /// smoke run).
     Lab(lab::LabArgs),
+    /// Pinned API tasks behind HAProxy configured as the stack's ALB, scaled like the stack's
+    /// ECS service, through a surge: the minute a new task takes to start (report in
+    /// docs/PERFORMANCE.md and docs/fleet/; `--quick` for a short check). Root, like `lab`.
+    Fleet(fleet::FleetArgs),
 }
 
 mod dev;
@@ -61,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Test { args } => runtime()?.block_on(test(args)),
         Command::Pinned(args) => runtime()?.block_on(pinned::run(args)),
         Command::Lab(args) => runtime()?.block_on(lab::run(args)),
+        Command::Fleet(args) => runtime()?.block_on(fleet::run(args)),
     }
 }
 

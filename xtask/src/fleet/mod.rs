@@ -1,0 +1,492 @@
+//! `cargo xtask fleet`: API tasks, each pinned at the production shape, behind HAProxy configured
+//! as the stack's ALB and target group, scaled by a copy of the stack's CPU target tracking, all
+//! sharing one PostgreSQL (the seed) and one Redis, with one worker; a steady load, a surge and
+//! the way back, per admission variant. What it measures is the minute a new task takes to
+//! start: the report (docs/PERFORMANCE.md, the fleet section) says what each second saw.
+
+pub(crate) mod autoscaler;
+pub(crate) mod haproxy;
+mod processes;
+pub(crate) mod record;
+pub(crate) mod stack;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use self::autoscaler::{Autoscaler, Event, Policy, TaskState};
+use self::haproxy::Slot;
+use self::processes::{Balancer, Launch, Proc};
+use self::record::TaskSecond;
+use crate::pinned::{Limits, Millicores, Pinned};
+use crate::services;
+
+/// Every task's memory (the stack's 256-512 tier).
+pub(crate) const MEMORY: u64 = 512 << 20;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct FleetArgs {
+    /// A short run (small seed, debug builds, phases of tens of seconds, health checks every
+    /// 2 s): a check that the fleet works, not a measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Tasks at the start [default: the stack's ApiMinTasks].
+    #[arg(long)]
+    tasks: Option<u32>,
+    /// The most tasks the autoscaler may run: this machine's two cores carry them, PostgreSQL,
+    /// the balancer and the load generator [default: 3; the stack allows ApiMaxTasks].
+    #[arg(long, default_value_t = 3)]
+    max_tasks: u32,
+    /// From a scale-out decision to the new task's process starting (image pull, container
+    /// start), seconds [default: 60; 10 with --quick].
+    #[arg(long)]
+    start_delay: Option<u64>,
+    /// Periods in a row over the target before a scale-out. The policy's high alarm in AWS
+    /// wants 3 one-minute datapoints; 1 lets the new task join within the three-minute surge.
+    #[arg(long, default_value_t = 1)]
+    out_periods: u32,
+    /// One task's capacity, req/s of the lab's mix [default: the last full lab's calibrated
+    /// capacity, docs/lab/lab.json; 60 with --quick].
+    #[arg(long)]
+    capacity: Option<f64>,
+    /// Admission variants, one fleet after the other.
+    #[arg(long, value_delimiter = ',', default_value = "adaptive,off")]
+    variants: Vec<String>,
+    /// The first of the ports the balancer and the tasks listen on (127.0.0.1).
+    #[arg(long, default_value_t = 18_300)]
+    port: u16,
+    /// Use the binaries already built.
+    #[arg(long)]
+    no_build: bool,
+}
+
+/// The load's shape.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Plan {
+    pub(crate) quick: bool,
+    pub(crate) capacity_one: f64,
+    pub(crate) capacity_how: String,
+    /// Multiples of two tasks' capacity.
+    pub(crate) steady_x: f64,
+    pub(crate) surge_x: f64,
+    pub(crate) steady_s: u64,
+    pub(crate) surge_s: u64,
+    pub(crate) after_s: u64,
+    /// Share of the load from clients that honour Retry-After.
+    pub(crate) honour_share: f64,
+    pub(crate) tasks: u32,
+    pub(crate) max_tasks: u32,
+    pub(crate) period_s: u64,
+    pub(crate) out_periods: u32,
+    pub(crate) start_delay_s: u64,
+    pub(crate) health_interval_s: u64,
+}
+
+impl Plan {
+    fn profiles(&self) -> String {
+        format!(
+            "# Written by `cargo xtask fleet`.\n\n[defaults]\nreader_share = 0.3\nthink_time = \"200ms\"\n\
+             pause = \"0s\"\narrivals = \"poisson\"\n\n[profiles.fleet-surge]\n\
+             description = \"Steady at {sx}x two tasks' capacity, a surge to {ux}x, then back.\"\nstages = [\n  \
+             {{ name = \"steady\", duration = \"{a}s\", capacity = {sx} }},\n  \
+             {{ name = \"surge\", duration = \"{b}s\", capacity = {ux} }},\n  \
+             {{ name = \"after\", duration = \"{c}s\", capacity = {sx} }},\n]\n",
+            sx = self.steady_x,
+            ux = self.surge_x,
+            a = self.steady_s,
+            b = self.surge_s,
+            c = self.after_s,
+        )
+    }
+}
+
+fn log(msg: &str) {
+    eprintln!("fleet: {msg}");
+}
+
+pub(crate) async fn run(args: FleetArgs) -> Result<()> {
+    let root = services::root();
+    let stack = stack::Stack::load(&root)?;
+    ensure_haproxy()?;
+    let capacity = match (args.capacity, args.quick) {
+        (Some(c), _) => (c, "given with --capacity".to_owned()),
+        (None, true) => (60.0, "a nominal 60 req/s: --quick measures nothing".to_owned()),
+        (None, false) => lab_capacity(&root)?,
+    };
+    let plan = Plan {
+        quick: args.quick,
+        capacity_one: capacity.0,
+        capacity_how: capacity.1,
+        steady_x: 0.8,
+        surge_x: 2.5,
+        steady_s: if args.quick { 20 } else { 120 },
+        surge_s: if args.quick { 60 } else { 180 },
+        after_s: if args.quick { 20 } else { 120 },
+        honour_share: 0.2,
+        tasks: args.tasks.unwrap_or(stack.scaling.min_tasks),
+        max_tasks: args.max_tasks,
+        period_s: if args.quick { 10 } else { 60 },
+        out_periods: args.out_periods,
+        start_delay_s: args.start_delay.unwrap_or(if args.quick { 10 } else { 60 }),
+        health_interval_s: if args.quick { 2 } else { stack.balancer.health.interval.as_secs() },
+    };
+    anyhow::ensure!(plan.tasks >= 1 && plan.tasks <= plan.max_tasks, "--tasks must be between 1 and --max-tasks");
+    let out_dir = if args.quick { root.join("target/fleet-quick") } else { root.join("docs/fleet") };
+    let runs = root.join(if args.quick { "target/fleet-quick/runs" } else { "target/fleet/runs" });
+    std::fs::create_dir_all(&runs)?;
+
+    let cpus = Millicores::QUARTER;
+    let pin = match Pinned::create(Limits::new(cpus, 100_000, MEMORY)?) {
+        Ok(_) => true,
+        Err(e) if args.quick => {
+            log(&format!("WARNING: cannot pin the tasks ({e:#}); --quick goes on unpinned"));
+            false
+        }
+        Err(e) => return Err(e.context("the fleet pins each task at 0.25 core / 512 MiB (run as root with cgroups)")),
+    };
+    let server = services::ensure_postgres(&services::database_url()).await?;
+    let (profile, bin) =
+        if args.quick { (None, root.join("target/debug")) } else { (Some("--release"), root.join("target/release")) };
+    if !args.no_build {
+        log("building the binaries (api, worker, seed, loadlab)");
+        let status = std::process::Command::new(services::cargo())
+            .args(["build", "-p", "breakwater-api", "-p", "breakwater-worker", "-p", "breakwater-seed"])
+            .args(["-p", "breakwater-loadlab"])
+            .args(profile)
+            .args([
+                "--bin",
+                "breakwater-api",
+                "--bin",
+                "breakwater-worker",
+                "--bin",
+                "breakwater-seed",
+                "--bin",
+                "loadlab",
+            ])
+            .current_dir(&root)
+            .status()?;
+        anyhow::ensure!(status.success(), "the build failed");
+    }
+    let template = if args.quick { "breakwater_lab_quick" } else { "breakwater_lab" };
+    let seed = crate::lab::seed(&bin, &server, template, args.quick).await?;
+    let tokens = crate::lab::tokens(&services::with_database(&server, template), &runs, 1.0).await?;
+
+    let mut fleet = record::Fleet {
+        schema: record::SCHEMA.into(),
+        date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        commit: crate::lab::commit(&root),
+        seed,
+        pinned: pin,
+        plan: plan.clone(),
+        stack: stack.clone(),
+        runs: Vec::new(),
+    };
+    for variant in &args.variants {
+        anyhow::ensure!(["adaptive", "static", "off"].contains(&variant.as_str()), "unknown variant {variant:?}");
+        let db = format!("{template}_fleet");
+        fresh_copy(&server, template, &db).await?;
+        let ctx = Ctx {
+            bin: &bin,
+            runs: &runs,
+            db_url: services::with_database(&server, &db),
+            tokens: &tokens.path,
+            variant,
+            plan: &plan,
+            stack: &stack,
+            port: args.port,
+            pin,
+            cpus,
+        };
+        let run = ctx.run().await.with_context(|| format!("the {variant} fleet"))?;
+        log(&record::summary(&plan, &run));
+        record::check(&run)?;
+        fleet.runs.push(run);
+    }
+    let written = record::write(&fleet, &out_dir, (!args.quick).then(|| root.join("docs/PERFORMANCE.md")).as_deref())?;
+    for w in written {
+        println!("wrote {}", w.display());
+    }
+    Ok(())
+}
+
+/// HAProxy from the distribution's packages, installed when missing (root).
+fn ensure_haproxy() -> Result<()> {
+    if std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success()) {
+        return Ok(());
+    }
+    log("installing haproxy (apt-get)");
+    let ok = |c: &mut std::process::Command| c.status().is_ok_and(|s| s.success());
+    anyhow::ensure!(
+        ok(std::process::Command::new("apt-get").args(["update", "-qq"]))
+            && ok(std::process::Command::new("apt-get")
+                .args(["install", "-y", "-qq", "haproxy"])
+                .env("DEBIAN_FRONTEND", "noninteractive")),
+        "haproxy is not installed and apt-get could not install it (as root: apt-get install haproxy)"
+    );
+    Ok(())
+}
+
+/// One task's capacity from the last full lab (docs/lab/lab.json).
+fn lab_capacity(root: &Path) -> Result<(f64, String)> {
+    let path = root.join("docs/lab/lab.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).context("docs/lab/lab.json")?)?;
+    let rps =
+        v.pointer("/capacity/rps").and_then(serde_json::Value::as_f64).context("docs/lab/lab.json has no capacity")?;
+    let commit = v.get("commit").and_then(serde_json::Value::as_str).unwrap_or("?");
+    Ok((rps, format!("one pinned task's capacity calibrated by the full lab at {commit} (docs/lab/lab.json)")))
+}
+
+async fn fresh_copy(server: &str, template: &str, db: &str) -> Result<()> {
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&services::with_database(server, "postgres"))
+        .await?;
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", q(db))).execute(&admin).await?;
+    sqlx::raw_sql(&format!("CREATE DATABASE {} TEMPLATE {}", q(db), q(template))).execute(&admin).await?;
+    admin.close().await;
+    Ok(())
+}
+
+struct Ctx<'a> {
+    bin: &'a Path,
+    runs: &'a Path,
+    db_url: String,
+    tokens: &'a Path,
+    variant: &'a str,
+    plan: &'a Plan,
+    stack: &'a stack::Stack,
+    port: u16,
+    pin: bool,
+    cpus: Millicores,
+}
+
+impl Ctx<'_> {
+    fn listen(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn slots(&self) -> Vec<Slot> {
+        (0..self.plan.max_tasks)
+            .map(|i| {
+                let base = self.port + 10 + 2 * u16::try_from(i).unwrap_or(0);
+                Slot {
+                    name: format!("task{i}"),
+                    api: SocketAddr::from(([127, 0, 0, 1], base)),
+                    ops: SocketAddr::from(([127, 0, 0, 1], base + 1)),
+                }
+            })
+            .collect()
+    }
+
+    fn loadlab(&self, honour: bool, out: &Path) -> tokio::process::Command {
+        let p = self.plan;
+        let share = if honour { p.honour_share } else { 1.0 - p.honour_share };
+        let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
+        ll.args(["profile", "fleet-surge", "--base", &format!("http://{}", self.listen())])
+            .arg("--profiles")
+            .arg(self.runs.join("fleet-profiles.toml"))
+            .args(["--capacity", &format!("{:.1}", 2.0 * p.capacity_one * share)])
+            .arg("--tokens")
+            .arg(self.tokens)
+            .args([
+                "--timeline",
+                "--max-in-flight",
+                "4096",
+                "--timeout",
+                "30s",
+                "--seed",
+                if honour { "2" } else { "1" },
+            ])
+            .arg("--out")
+            .arg(out)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        // No smoke stage: it asks /ready on an ops listener, which (as behind the ALB) the
+        // balancer does not route to; the runner has seen the first tasks pass their checks.
+        ll.arg("--no-smoke");
+        if honour {
+            ll.arg("--honour-retry-after");
+        }
+        ll
+    }
+
+    async fn run(&self) -> Result<record::Run> {
+        let p = self.plan;
+        log(&format!("== {} : {} tasks, at most {} ==", self.variant, p.tasks, p.max_tasks));
+        std::fs::write(self.runs.join("fleet-profiles.toml"), p.profiles())?;
+        let slots = self.slots();
+        let mut balancer_cfg = self.stack.balancer.clone();
+        balancer_cfg.health.interval = Duration::from_secs(p.health_interval_s);
+        let socket = self.runs.join(format!("{}-haproxy.sock", self.variant));
+        let cfg_path = self.runs.join(format!("{}-haproxy.cfg", self.variant));
+        std::fs::write(&cfg_path, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
+        let balancer = Balancer::start(
+            &cfg_path,
+            &socket,
+            &self.runs.join(format!("{}-haproxy.log", self.variant)),
+            self.listen(),
+        )
+        .await?;
+        let key_prefix = format!("bwfleet{}{}", std::process::id(), self.variant);
+        let launch = Launch {
+            bin: self.bin,
+            runs: self.runs,
+            db_url: &self.db_url,
+            variant: self.variant,
+            key_prefix: &key_prefix,
+            pin: self.pin,
+            cpus: self.cpus,
+        };
+        let worker = Proc::worker(&launch)?;
+        let policy = Policy {
+            target: f64::from(self.stack.scaling.cpu_target_percent) / 100.0,
+            min_tasks: p.tasks.min(self.stack.scaling.min_tasks),
+            max_tasks: p.max_tasks,
+            period: Duration::from_secs(p.period_s),
+            out_periods: p.out_periods,
+            in_periods: 15,
+            out_cooldown: self.stack.scaling.scale_out_cooldown,
+            in_cooldown: self.stack.scaling.scale_in_cooldown,
+            start_delay: Duration::from_secs(p.start_delay_s),
+            drain_delay: self.stack.balancer.deregistration_delay,
+        };
+        let mut scaler = Autoscaler::new(policy, p.tasks);
+        let mut tasks: Vec<Option<Proc>> = (0..slots.len()).map(|_| None).collect();
+        for (i, slot) in slots.iter().enumerate().take(p.tasks as usize) {
+            tasks[i] = Some(Proc::api(&launch, slot, p.tasks)?);
+            balancer.register(&slot.name).await?;
+        }
+        // The load starts when the first tasks pass their health checks, as a service's first
+        // deployment would.
+        let deadline = Instant::now() + Duration::from_secs(60 + 3 * p.health_interval_s);
+        loop {
+            let states = balancer.states().await?;
+            if slots.iter().take(p.tasks as usize).all(|s| states.get(&s.name).is_some_and(|st| st.starts_with("UP"))) {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the first tasks did not pass their health checks: {states:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
+        let main_out = self.runs.join(format!("{}-load.json", self.variant));
+        let honour_out = self.runs.join(format!("{}-honouring.json", self.variant));
+        let t0 = Instant::now();
+        let mut main =
+            self.loadlab(false, &main_out).stderr(std::fs::File::create(main_out.with_extension("log"))?).spawn()?;
+        let mut honouring =
+            self.loadlab(true, &honour_out).stderr(std::fs::File::create(honour_out.with_extension("log"))?).spawn()?;
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(800)).build()?;
+        let quota = self.cpus.cores();
+        let mut seconds: Vec<TaskSecond> = Vec::new();
+        let mut period_cpu: Vec<f64> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut peak_rss = 0u64;
+        let mut main_status = None;
+        let mut honour_status = None;
+        loop {
+            tick.tick().await;
+            let t = t0.elapsed().as_secs();
+            if main_status.is_none() {
+                main_status = main.try_wait()?;
+            }
+            if honour_status.is_none() {
+                honour_status = honouring.try_wait()?;
+            }
+            if main_status.is_some() && honour_status.is_some() {
+                break;
+            }
+            let states = balancer.states().await.unwrap_or_default();
+            let mut row = TaskSecond { t, desired: scaler.desired(), tasks: Vec::new() };
+            let mut measured = Vec::new();
+            for (i, slot) in slots.iter().enumerate() {
+                let state = scaler.tasks().get(i).copied();
+                let Some(proc) = tasks[i].as_mut() else {
+                    if let Some(TaskState::Pending { .. }) = state {
+                        row.tasks.push(record::TaskSample::pending(&slot.name));
+                    }
+                    continue;
+                };
+                let cpu = proc.cpu_share(quota);
+                peak_rss = peak_rss.max(proc.peak_bytes().unwrap_or(0));
+                if let Some(c) = cpu {
+                    measured.push(c);
+                }
+                let admission = processes::admission(&http, slot.ops).await;
+                row.tasks.push(record::TaskSample {
+                    name: slot.name.clone(),
+                    state: match state {
+                        Some(TaskState::Draining { .. }) => "draining".into(),
+                        _ => "running".into(),
+                    },
+                    balancer: states.get(&slot.name).cloned().unwrap_or_default(),
+                    cpu,
+                    limit: admission.and_then(|a| a.0),
+                    in_flight: admission.map(|a| a.1),
+                });
+            }
+            if !measured.is_empty() {
+                period_cpu.push(measured.iter().sum::<f64>() / measured.len() as f64);
+            }
+            seconds.push(row);
+            let mut events = scaler.tick(t);
+            if t > 0 && t.is_multiple_of(p.period_s) && !period_cpu.is_empty() {
+                let avg = period_cpu.iter().sum::<f64>() / period_cpu.len() as f64;
+                period_cpu.clear();
+                let before = scaler.decisions.len();
+                events.extend(scaler.on_period(t, avg));
+                if let Some(d) = scaler.decisions.get(before) {
+                    log(&format!(
+                        "{t:>4} s: CPU {:.0}% of the quota over the period: {} -> {} tasks",
+                        avg * 100.0,
+                        d.from,
+                        d.to
+                    ));
+                }
+            }
+            for e in events {
+                match e {
+                    Event::Start(i) => {
+                        log(&format!("{t:>4} s: {} starts", slots[i].name));
+                        tasks[i] = Some(Proc::api(&launch, &slots[i], scaler.desired())?);
+                        balancer.register(&slots[i].name).await?;
+                    }
+                    Event::Deregister(i) => {
+                        log(&format!("{t:>4} s: {} deregistered, draining", slots[i].name));
+                        balancer.drain(&slots[i].name).await?;
+                    }
+                    Event::Stop(i) => {
+                        log(&format!("{t:>4} s: {} gets SIGTERM", slots[i].name));
+                        if let Some(proc) = tasks[i].take() {
+                            proc.stop(Duration::from_secs(15)).await;
+                        }
+                        balancer.remove(&slots[i].name).await?;
+                    }
+                }
+            }
+        }
+        for proc in tasks.into_iter().flatten() {
+            proc.stop(Duration::from_secs(15)).await;
+        }
+        worker.stop(Duration::from_secs(15)).await;
+        balancer.stop().await;
+        for (status, what) in [(main_status, "the load"), (honour_status, "the honouring load")] {
+            let status = status.context("loadlab did not finish")?;
+            anyhow::ensure!(status.success(), "{what} failed ({status}): see {}", self.runs.display());
+        }
+        let load = breakwater_loadlab::report::Report::read_json(&main_out)?;
+        let honour = breakwater_loadlab::report::Report::read_json(&honour_out)?;
+        Ok(record::Run {
+            variant: self.variant.to_owned(),
+            phases: record::phases(&load),
+            seconds: record::merge(&seconds, &[&load, &honour]),
+            decisions: scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu)).collect(),
+            honouring: honour.steps.iter().filter_map(|s| s.logical.clone()).collect(),
+            peak_rss_bytes: peak_rss,
+        })
+    }
+}
