@@ -1,3 +1,6 @@
+//! Every figure of the list (`breakwater_api::figures`) is in each of the three views, or says
+//! why not; and nothing is in a view but through the list.
+//!
 //! The shape of the three views of the app's figures, pinned: `/metrics` (every `# HELP` and
 //! `# TYPE` line, every series with its labels), the CloudWatch lines (dimensions, metric names
 //! and units) and `/v1/ops/status` (every member and the kind of its value), rendered from a
@@ -10,10 +13,12 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use breakwater_api::emf::Publisher;
+use breakwater_api::figures::{self, Presence};
 use breakwater_domain::contacts::{self, NewContact};
 use breakwater_domain::jobs::{self, NewJob};
 use common::{TestApp, spawn_with, tenant};
@@ -179,4 +184,102 @@ async fn the_views_keep_their_names_labels_help_and_shape(pool: PgPool) {
         let new: Vec<&&str> = now_lines.iter().filter(|l| !pinned_lines.contains(l)).collect();
         panic!("the views changed (BLESS=1 to accept)\nno longer there: {gone:#?}\nnew: {new:#?}\nnow:\n{shape}");
     }
+}
+
+/// The member `pointer` names in `/v1/ops/status`, for a series labelled `labels`: `{label}` is
+/// that label's value, and a step into an array picks the element holding that value.
+fn member<'v>(root: &'v Value, pointer: &str, labels: &[(&'static str, String)]) -> Option<&'v Value> {
+    let mut at = root;
+    for step in pointer.split('/').skip(1) {
+        let step = match step.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            Some(label) => labels.iter().find(|(k, _)| *k == label)?.1.as_str(),
+            None => step,
+        };
+        at = match at {
+            Value::Array(items) => {
+                items.iter().find(|i| i.as_object().is_some_and(|o| o.values().any(|v| v.as_str() == Some(step))))?
+            }
+            Value::Object(map) => map.get(step)?,
+            _ => return None,
+        };
+    }
+    Some(at)
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn every_figure_is_in_every_view_or_says_why_not(pool: PgPool) {
+    let app = known_state(&pool).await;
+    let state = &app.running.state;
+    let figures = figures::read(state, state.queue_stats.get(&state.pool).await);
+    let emf: Vec<Value> = Publisher::new("Breakwater", "test")
+        .lines(state)
+        .await
+        .iter()
+        .map(|l| serde_json::from_str(&l.to_json()).expect("JSON"))
+        .collect();
+    let in_emf: BTreeSet<String> = emf
+        .iter()
+        .flat_map(|l| l["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().expect("metrics").clone())
+        .map(|m| m["Name"].as_str().expect("a name").to_owned())
+        .collect();
+    let text = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
+    let in_prometheus: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE breakwater_"))
+        .map(|l| l.split_once(' ').expect("name and type").0.to_owned())
+        .collect();
+    let status = app.ops("/v1/ops/status").await.body;
+
+    let mut wrong = Vec::new();
+    let mut from_figures_prometheus = BTreeSet::new();
+    let mut from_figures_emf = BTreeSet::new();
+    for f in figures.iter() {
+        match &f.prometheus {
+            Presence::At(()) => {
+                from_figures_prometheus.insert(f.name.to_owned());
+                if f.is_shown() && !in_prometheus.contains(f.name) {
+                    wrong.push(format!("{}: not in /metrics", f.name));
+                }
+            }
+            Presence::Absent(_) if in_prometheus.contains(f.name) => {
+                wrong.push(format!("{}: in /metrics, though marked absent", f.name));
+            }
+            Presence::Absent(_) => {}
+            Presence::Unsaid => wrong.push(format!("{}: says nothing of /metrics", f.name)),
+        }
+        match &f.emf {
+            Presence::At(metrics) => {
+                for m in metrics {
+                    from_figures_emf.insert(m.name.to_owned());
+                    let known = f.series.iter().any(|s| s.value.is_some());
+                    if known && !in_emf.contains(m.name) {
+                        wrong.push(format!("{}: {} is not in the CloudWatch lines", f.name, m.name));
+                    }
+                }
+            }
+            Presence::Absent(_) => {}
+            Presence::Unsaid => wrong.push(format!("{}: says nothing of CloudWatch", f.name)),
+        }
+        match &f.ops {
+            Presence::At(pointer) => {
+                for s in &f.series {
+                    if member(&status, pointer, &s.labels).is_none() {
+                        wrong.push(format!("{}{:?}: {pointer} is not in /v1/ops/status", f.name, s.labels));
+                    }
+                }
+            }
+            Presence::Absent(_) => {}
+            Presence::Unsaid => wrong.push(format!("{}: says nothing of /v1/ops/status", f.name)),
+        }
+    }
+    // And the other way: nothing reaches /metrics or CloudWatch but through the list.
+    for name in in_prometheus.difference(&from_figures_prometheus) {
+        wrong.push(format!("breakwater_{name} is in /metrics but no figure's"));
+    }
+    for name in in_emf.difference(&from_figures_emf) {
+        wrong.push(format!("{name} is in the CloudWatch lines but no figure's"));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The state above is one every view has figures in: the test checked something.
+    assert!(in_prometheus.len() > 40 && in_emf.len() > 15, "{in_prometheus:?} {in_emf:?}");
 }
