@@ -175,10 +175,11 @@ pub struct Figure {
     /// Its CloudWatch metrics (a figure may feed several, e.g. requests by outcome).
     pub emf: Presence<Vec<EmfMetric>>,
     /// Its member of `/v1/ops/status`, a JSON pointer; `{label}` stands for a series' label
-    /// value, and a step into an array picks the element whose `name` is that value.
+    /// value, and a step into an array picks the element holding that value (an admission
+    /// class's `name`, a job kind's `kind`).
     pub ops: Presence<String>,
-    /// A live Prometheus metric that encodes itself (the request histograms), in place of the
-    /// series.
+    /// A live Prometheus metric that encodes itself (the request middleware's families by
+    /// route), in place of the series.
     live: Option<Box<dyn Metric>>,
 }
 
@@ -353,8 +354,8 @@ impl Collector for Figures {
     }
 }
 
-/// Every figure of the API, read now: the requests, each layer in the order a request meets
-/// it, the job queue (`queue`: its cached figures, if ever read) and the runtime.
+/// Every figure of the API, read now, in the order `/metrics` lists them: the requests, the
+/// layers, the job queue (`queue`: its cached figures, if ever read) and the runtime.
 #[must_use]
 pub fn read(state: &AppState, queue: Option<crate::queue_stats::Reading>) -> Figures {
     let mut out = Figures::default();
