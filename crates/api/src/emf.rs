@@ -157,3 +157,49 @@ impl Source for ApiSource {
         self.publisher.lines(&self.state).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::figures::{Number, Unit};
+
+    /// Two counters under one CloudWatch name, and a per-class gauge whose first class's value
+    /// may be unknown.
+    fn figures(refused: u64, reset: u64, limit: Option<usize>) -> Figures {
+        let mut out = Figures::default();
+        out.counter("refused", "Refused", refused).emf("Refused", Unit::Count, Lines::Task).no_ops("a test");
+        out.counter("reset", "Reset", reset).emf("Refused", Unit::Count, Lines::Task).no_ops("a test");
+        out.figure(Kind::Gauge, "limit", "Limit")
+            .maybe(&[("class", "a")], limit.map(Number::from))
+            .series(&[("class", "b")], 3_usize)
+            .emf("Limit", Unit::Count, Lines::Class)
+            .no_ops("a test");
+        out.gauge("level", "Level", 7_i64).no_emf("a test").no_ops("a test");
+        out
+    }
+
+    fn json(lines: &[Line]) -> Vec<Value> {
+        lines.iter().map(|l| serde_json::from_str(&l.to_json()).expect("JSON")).collect()
+    }
+
+    #[test]
+    fn figures_under_one_name_add_up_counters_count_their_interval_and_unknowns_are_left_out() {
+        let mut publisher = Publisher::new("Test", "test");
+        let first = json(&publisher.lines_of(&figures(2, 1, None), UNIX_EPOCH));
+        assert_eq!(first.len(), 3, "the task's line and one per class: {first:?}");
+        assert_eq!(first[0]["Refused"], 3.0, "refused and reset add up: {first:?}");
+        assert!(first[0].get("Level").is_none(), "a figure marked absent is left out: {first:?}");
+        assert_eq!((first[1]["Class"].as_str(), first[1].get("Limit")), (Some("a"), None), "unknown: {first:?}");
+        assert_eq!((first[2]["Class"].as_str(), &first[2]["Limit"]), (Some("b"), &Value::from(3.0)));
+
+        let second = json(&publisher.lines_of(&figures(5, 1, Some(4)), UNIX_EPOCH));
+        assert_eq!(second[0]["Refused"], 3.0, "what happened since the first lines: {second:?}");
+        assert_eq!(second[1]["Limit"], 4.0, "a gauge is its value now: {second:?}");
+        let third = json(&publisher.lines_of(&figures(5, 1, Some(4)), UNIX_EPOCH));
+        assert_eq!(third[0]["Refused"], 0.0, "{third:?}");
+    }
+}
