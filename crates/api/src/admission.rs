@@ -136,6 +136,87 @@ pub fn tenant_key<B>(req: &Request<B>) -> Option<u64> {
     Some(high ^ low)
 }
 
+impl crate::figures::Publish for breakwater_admission::Snapshot {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        use crate::figures::{Kind, Lines, Number, Unit};
+        let classes = &self.classes;
+        per_class(
+            out.figure(Kind::Gauge, "admission_limit", "Admission in-flight limit now, per route class"),
+            classes,
+            |c| c.limit.map(Number::from),
+        )
+        .unknown_in_prometheus_as(-1_i64)
+        .emf("AdmissionLimit", Unit::Count, Lines::Class)
+        .ops("classes/{class}/limit");
+        per_class(out.figure(Kind::Gauge, "admission_in_flight", "Requests holding an admission slot"), classes, |c| {
+            Some(c.in_flight.into())
+        })
+        .emf("AdmissionInFlight", Unit::Count, Lines::TaskAndClass)
+        .ops("classes/{class}/in_flight");
+        per_class(
+            out.figure(Kind::Gauge, "admission_queue_depth", "Requests waiting for an admission slot"),
+            classes,
+            |c| Some(c.queue_depth.into()),
+        )
+        .emf("AdmissionQueueDepth", Unit::Count, Lines::TaskAndClass)
+        .ops("classes/{class}/queue_depth");
+        per_class(out.figure(Kind::Counter, "admission_admitted", "Requests admitted"), classes, |c| {
+            Some(c.admitted_total.into())
+        })
+        .emf("AdmissionAdmitted", Unit::Count, Lines::TaskAndClass)
+        .ops("classes/{class}/admitted_total");
+        let shed = out.figure(Kind::Counter, "admission_shed", "Requests refused by admission, by reason");
+        for c in classes {
+            for (reason, n) in [
+                ("queue_full", c.shed.queue_full),
+                ("queue_timeout", c.shed.queue_timeout),
+                ("deadline", c.shed.deadline),
+            ] {
+                shed.series(&[("class", c.name.as_str()), ("reason", reason)], n);
+            }
+        }
+        shed.emf("AdmissionShed", Unit::Count, Lines::TaskAndClass).ops("classes/{class}/shed/{reason}");
+        per_class(out.figure(Kind::Gauge, "admission_p95_ms", "p95 latency of admitted requests, ms"), classes, |c| {
+            c.p95_ms.map(Number::from)
+        })
+        .unknown_in_prometheus_as(0.0)
+        .emf("AdmissionP95", Unit::Milliseconds, Lines::Class)
+        .ops("classes/{class}/p95_ms");
+    }
+}
+
+/// One series per admission class, labelled `class`.
+fn per_class<'f>(
+    figure: &'f mut crate::figures::Figure,
+    classes: &[breakwater_admission::ClassSnapshot],
+    value: impl Fn(&breakwater_admission::ClassSnapshot) -> Option<crate::figures::Number>,
+) -> &'f mut crate::figures::Figure {
+    for c in classes {
+        figure.maybe(&[("class", c.name.as_str())], value(c));
+    }
+    figure
+}
+
+impl crate::figures::Publish for breakwater_admission::PacingSnapshot {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        use crate::figures::NOT_ALARMED;
+        out.counter(
+            "retry_early",
+            "Refusals to callers that came back before their last refusal's Retry-After",
+            self.early_total,
+        )
+        .no_emf(NOT_ALARMED)
+        .ops("early_total");
+        out.counter(
+            "retry_held",
+            "Of those, refusals held until the Retry-After their caller was given",
+            self.held_total,
+        )
+        .no_emf(NOT_ALARMED)
+        .ops("held_total");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

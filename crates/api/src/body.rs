@@ -171,3 +171,15 @@ fn refusal(error: ApiError) -> Response<Body> {
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
+
+impl crate::figures::Publish for BodyStatus {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        out.counter(
+            "body_timed_out",
+            "Request bodies not sent within BODY_READ_TIMEOUT_MS (408 body_timeout)",
+            self.timed_out,
+        )
+        .no_emf(crate::figures::NOT_ALARMED)
+        .ops("timed_out");
+    }
+}

@@ -28,6 +28,7 @@ pub mod cursor_seal;
 pub mod emf;
 pub mod error;
 pub mod extract;
+pub mod figures;
 pub mod metrics;
 pub mod openapi;
 pub mod permissions;

@@ -649,3 +649,30 @@ impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
         self.project().inner.poll_shutdown(cx)
     }
 }
+
+impl crate::figures::Publish for Connections {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        use crate::figures::{Lines, NOT_ALARMED, SETTING, Unit};
+        out.gauge("connections_open", "Open client connections", self.open())
+            .emf("ConnectionsOpen", Unit::Count, Lines::Task)
+            .ops("open");
+        out.gauge("connections_max", "Connection cap", self.max()).no_emf(SETTING).ops("max");
+        out.counter(
+            "connections_refused",
+            "Connections answered 503 load_shed at accept (over the cap)",
+            self.refused(),
+        )
+        .emf("ConnectionsRefused", Unit::Count, Lines::Task)
+        .ops("refused");
+        out.counter(
+            "connections_reset",
+            "Connections reset at accept (over the cap, refusals saturated)",
+            self.reset(),
+        )
+        .emf("ConnectionsRefused", Unit::Count, Lines::Task)
+        .ops("reset");
+        out.counter("connections_accept_paced", "Times the accept loop paused for MAX_ACCEPT_RATE", self.paced())
+            .no_emf(NOT_ALARMED)
+            .ops("accept_paced");
+    }
+}

@@ -127,6 +127,32 @@ pub(crate) struct Pool {
     ping_after_idle_ms: u64,
 }
 
+impl Pool {
+    /// The pool's limits and its connections now.
+    pub(crate) fn read(state: &AppState) -> Self {
+        let cfg = &state.config;
+        let size = state.pool.size();
+        let idle = state.pool.num_idle();
+        Self {
+            max: cfg.db.pool_size(),
+            size,
+            idle,
+            in_use: (size as usize).saturating_sub(idle),
+            acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
+            statement_timeout_ms: cfg.db.shared.db_statement_timeout_ms,
+            ping_after_idle_ms: cfg.db.shared.db_ping_after_idle_ms,
+        }
+    }
+}
+
+impl crate::figures::Publish for Pool {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        use crate::figures::NOT_ALARMED;
+        out.gauge("pool_connections", "Open database connections", self.size).no_emf(NOT_ALARMED).ops("size");
+        out.gauge("pool_idle_connections", "Idle database connections", self.idle).no_emf(NOT_ALARMED).ops("idle");
+    }
+}
+
 /// Every limit of every layer, with live values.
 pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
     let cfg = &state.config;
@@ -143,8 +169,6 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
         .get(&state.pool)
         .await
         .map(|r| Jobs { age_seconds: r.age().as_secs_f64(), stats: (*r.stats).clone() });
-    let size = state.pool.size();
-    let idle = state.pool.num_idle();
     Json(OpsStatus {
         env: cfg.app_env.as_str(),
         version: env!("CARGO_PKG_VERSION"),
@@ -173,15 +197,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             retry_pacing: state.pacing.snapshot(),
             throttles: state.throttles.status(),
             bulkhead: state.bulkhead.status(),
-            pool: Pool {
-                max: cfg.db.pool_size(),
-                size,
-                idle,
-                in_use: (size as usize).saturating_sub(idle),
-                acquire_timeout_ms: cfg.db.db_acquire_timeout_ms,
-                statement_timeout_ms: cfg.db.shared.db_statement_timeout_ms,
-                ping_after_idle_ms: cfg.db.shared.db_ping_after_idle_ms,
-            },
+            pool: Pool::read(&state),
             postgres: Postgres { max_connections },
             jobs,
         },

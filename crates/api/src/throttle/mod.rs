@@ -555,3 +555,39 @@ pub fn spawn_override_refresh(throttles: std::sync::Arc<Throttles>, pool: breakw
         }
     });
 }
+
+impl crate::figures::Publish for ThrottleStatus {
+    fn publish(&self, out: &mut crate::figures::Figures) {
+        use crate::figures::{Kind, Lines, NOT_ALARMED, Unit};
+        out.gauge(
+            "throttle_degraded",
+            "1 while throttles run in process (Redis unavailable)",
+            u64::from(self.state == "degraded"),
+        )
+        .emf("ThrottleDegraded", Unit::None, Lines::Task)
+        .no_ops("/v1/ops/status names the state (`ok`, `degraded` or `off`) in `state`: this is its `degraded`");
+        out.counter("throttle_checks", "Requests checked by the throttles", self.checks)
+            .no_emf(NOT_ALARMED)
+            .ops("checks");
+        out.counter("throttle_fallback_checks", "Requests checked in process", self.fallback_checks)
+            .no_emf(NOT_ALARMED)
+            .ops("fallback_checks");
+        out.counter("throttle_redis_errors", "Redis throttle calls failed or over budget", self.redis_errors)
+            .emf("ThrottleRedisErrors", Unit::Count, Lines::Task)
+            .ops("redis_errors");
+        let r = &self.refused;
+        out.figure(Kind::Counter, "throttle_refused", "Requests refused by throttle bucket kind")
+            .series(&[("kind", "tenant")], r.tenant)
+            .series(&[("kind", "user")], r.user)
+            .series(&[("kind", "ip")], r.ip)
+            .emf("ThrottleRefused", Unit::Count, Lines::Task)
+            .ops("refused/{kind}");
+        out.counter(
+            "throttle_refused_ahead",
+            "Of those, answered before admission: the bucket was still refusing from an earlier 429",
+            self.refused_ahead,
+        )
+        .no_emf("a part of ThrottleRefused, which counts them already")
+        .ops("refused_ahead");
+    }
+}
