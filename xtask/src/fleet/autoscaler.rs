@@ -101,6 +101,10 @@ impl Autoscaler {
         }
     }
 
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     pub(crate) fn tasks(&self) -> &[TaskState] {
         &self.tasks
     }
@@ -140,25 +144,38 @@ impl Autoscaler {
             && current > p.min_tasks
         {
             let to = proportional.min(current - 1).max(p.min_tasks);
-            let mut remove = current - to;
-            // The newest first: pending ones are simply cancelled.
-            for i in (0..self.tasks.len()).rev() {
-                if remove == 0 {
-                    break;
-                }
-                match self.tasks[i] {
-                    TaskState::Pending { .. } => self.tasks[i] = TaskState::Stopped,
-                    TaskState::Running => {
-                        self.tasks[i] = TaskState::Draining { stop_at_s: now_s + p.drain_delay.as_secs() };
-                        events.push(Event::Deregister(i));
-                    }
-                    _ => continue,
-                }
-                remove -= 1;
-            }
-            self.last_in_s = Some(now_s);
-            self.decisions.push(Decision { at_s: now_s, from: current, to, cpu });
+            events = self.scale_in(now_s, to, cpu);
         }
+        events
+    }
+
+    /// Scales in to `to` tasks now (the policy's decision, or an operator lowering the desired
+    /// count): the newest first; a pending one is cancelled, a running one deregistered, to
+    /// get SIGTERM after the drain delay.
+    pub(crate) fn scale_in(&mut self, now_s: u64, to: u32, cpu: f64) -> Vec<Event> {
+        let current = self.desired();
+        let to = to.max(self.policy.min_tasks);
+        let mut events = Vec::new();
+        if to >= current {
+            return events;
+        }
+        let mut remove = current - to;
+        for i in (0..self.tasks.len()).rev() {
+            if remove == 0 {
+                break;
+            }
+            match self.tasks[i] {
+                TaskState::Pending { .. } => self.tasks[i] = TaskState::Stopped,
+                TaskState::Running => {
+                    self.tasks[i] = TaskState::Draining { stop_at_s: now_s + self.policy.drain_delay.as_secs() };
+                    events.push(Event::Deregister(i));
+                }
+                _ => continue,
+            }
+            remove -= 1;
+        }
+        self.last_in_s = Some(now_s);
+        self.decisions.push(Decision { at_s: now_s, from: current, to, cpu });
         events
     }
 

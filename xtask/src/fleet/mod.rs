@@ -124,7 +124,7 @@ pub(crate) async fn run(args: FleetArgs) -> Result<()> {
         surge_x: 2.5,
         steady_s: if args.quick { 20 } else { 120 },
         surge_s: if args.quick { 60 } else { 180 },
-        after_s: if args.quick { 20 } else { 120 },
+        after_s: if args.quick { 45 } else { 120 },
         honour_share: 0.2,
         tasks: args.tasks.unwrap_or(stack.scaling.min_tasks),
         max_tasks: args.max_tasks,
@@ -199,9 +199,10 @@ pub(crate) async fn run(args: FleetArgs) -> Result<()> {
             port: args.port,
             pin,
             cpus,
+            key_prefix: format!("bwfleet{}{variant}", std::process::id()),
         };
         let run = ctx.run().await.with_context(|| format!("the {variant} fleet"))?;
-        log(&record::summary(&plan, &run));
+        log(&record::summary(&plan, &run, stack.balancer.deregistration_delay.as_secs()));
         record::check(&run)?;
         fleet.runs.push(run);
     }
@@ -262,6 +263,8 @@ struct Ctx<'a> {
     port: u16,
     pin: bool,
     cpus: Millicores,
+    /// The throttles' Redis keys: one prefix for the whole fleet, as its tasks share them.
+    key_prefix: String,
 }
 
 impl Ctx<'_> {
@@ -314,179 +317,225 @@ impl Ctx<'_> {
         ll
     }
 
+    fn launch(&self) -> Launch<'_> {
+        Launch {
+            bin: self.bin,
+            runs: self.runs,
+            db_url: &self.db_url,
+            variant: self.variant,
+            key_prefix: &self.key_prefix,
+            pin: self.pin,
+            cpus: self.cpus,
+        }
+    }
+
+    fn policy(&self) -> Policy {
+        let (p, sc) = (self.plan, &self.stack.scaling);
+        Policy {
+            target: f64::from(sc.cpu_target_percent) / 100.0,
+            min_tasks: p.tasks.min(sc.min_tasks),
+            max_tasks: p.max_tasks,
+            period: Duration::from_secs(p.period_s),
+            out_periods: p.out_periods,
+            // The policy's low alarm: 15 one-minute datapoints under 90% of the target.
+            in_periods: 15,
+            out_cooldown: sc.scale_out_cooldown,
+            in_cooldown: sc.scale_in_cooldown,
+            start_delay: Duration::from_secs(p.start_delay_s),
+            drain_delay: self.stack.balancer.deregistration_delay,
+        }
+    }
+
+    /// One variant's fleet through the load.
     async fn run(&self) -> Result<record::Run> {
         let p = self.plan;
         log(&format!("== {} : {} tasks, at most {} ==", self.variant, p.tasks, p.max_tasks));
         std::fs::write(self.runs.join("fleet-profiles.toml"), p.profiles())?;
+        let mut live = self.start().await?;
+        let outs = [
+            self.runs.join(format!("{}-load.json", self.variant)),
+            self.runs.join(format!("{}-honouring.json", self.variant)),
+        ];
+        let mut loads = Vec::new();
+        for (i, out) in outs.iter().enumerate() {
+            let log = std::fs::File::create(out.with_extension("log"))?;
+            loads.push(self.loadlab(i == 1, out).stderr(log).spawn().context("starting loadlab")?);
+        }
+        let drove = self.drive(&mut live, &mut loads).await;
+        let decisions =
+            live.scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu.is_finite().then_some(d.cpu))).collect();
+        live.stop().await;
+        let (seconds, peak_rss) = drove?;
+        for (mut ll, what) in loads.into_iter().zip(["the load", "the honouring load"]) {
+            let status = ll.wait().await?;
+            anyhow::ensure!(status.success(), "{what} failed ({status}): see {}", self.runs.display());
+        }
+        let load = breakwater_loadlab::report::Report::read_json(&outs[0])?;
+        let honour = breakwater_loadlab::report::Report::read_json(&outs[1])?;
+        Ok(record::Run {
+            variant: self.variant.to_owned(),
+            phases: record::phases(&load),
+            seconds: record::merge(&seconds, &[&load, &honour]),
+            decisions,
+            honouring: honour.steps.iter().filter_map(|s| s.logical.clone()).collect(),
+            peak_rss_bytes: peak_rss,
+        })
+    }
+
+    /// The balancer, the worker and the first tasks, registered and past their health checks
+    /// (the load starts on a service that is up, as after its first deployment).
+    async fn start(&self) -> Result<Live<'_>> {
+        let p = self.plan;
         let slots = self.slots();
         let mut balancer_cfg = self.stack.balancer.clone();
         balancer_cfg.health.interval = Duration::from_secs(p.health_interval_s);
         let socket = self.runs.join(format!("{}-haproxy.sock", self.variant));
         let cfg_path = self.runs.join(format!("{}-haproxy.cfg", self.variant));
         std::fs::write(&cfg_path, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
-        let balancer = Balancer::start(
-            &cfg_path,
-            &socket,
-            &self.runs.join(format!("{}-haproxy.log", self.variant)),
-            self.listen(),
-        )
-        .await?;
-        let key_prefix = format!("bwfleet{}{}", std::process::id(), self.variant);
-        let launch = Launch {
-            bin: self.bin,
-            runs: self.runs,
-            db_url: &self.db_url,
-            variant: self.variant,
-            key_prefix: &key_prefix,
-            pin: self.pin,
-            cpus: self.cpus,
-        };
+        let log = self.runs.join(format!("{}-haproxy.log", self.variant));
+        let balancer = Balancer::start(&cfg_path, &socket, &log, self.listen()).await?;
+        let launch = self.launch();
         let worker = Proc::worker(&launch)?;
-        let policy = Policy {
-            target: f64::from(self.stack.scaling.cpu_target_percent) / 100.0,
-            min_tasks: p.tasks.min(self.stack.scaling.min_tasks),
-            max_tasks: p.max_tasks,
-            period: Duration::from_secs(p.period_s),
-            out_periods: p.out_periods,
-            in_periods: 15,
-            out_cooldown: self.stack.scaling.scale_out_cooldown,
-            in_cooldown: self.stack.scaling.scale_in_cooldown,
-            start_delay: Duration::from_secs(p.start_delay_s),
-            drain_delay: self.stack.balancer.deregistration_delay,
-        };
-        let mut scaler = Autoscaler::new(policy, p.tasks);
         let mut tasks: Vec<Option<Proc>> = (0..slots.len()).map(|_| None).collect();
         for (i, slot) in slots.iter().enumerate().take(p.tasks as usize) {
             tasks[i] = Some(Proc::api(&launch, slot, p.tasks)?);
             balancer.register(&slot.name).await?;
         }
-        // The load starts when the first tasks pass their health checks, as a service's first
-        // deployment would.
+        let live = Live { balancer, worker, tasks, scaler: Autoscaler::new(self.policy(), p.tasks), slots, launch };
         let deadline = Instant::now() + Duration::from_secs(60 + 3 * p.health_interval_s);
         loop {
-            let states = balancer.states().await?;
-            if slots.iter().take(p.tasks as usize).all(|s| states.get(&s.name).is_some_and(|st| st.starts_with("UP"))) {
-                break;
+            let states = live.balancer.states().await?;
+            let up = |s: &Slot| states.get(&s.name).is_some_and(|st| st.starts_with("UP"));
+            if live.slots.iter().take(p.tasks as usize).all(up) {
+                return Ok(live);
             }
-            anyhow::ensure!(Instant::now() < deadline, "the first tasks did not pass their health checks: {states:?}");
+            if Instant::now() > deadline {
+                live.stop().await;
+                anyhow::bail!("the first tasks did not pass their health checks: {states:?}");
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
 
-        let main_out = self.runs.join(format!("{}-load.json", self.variant));
-        let honour_out = self.runs.join(format!("{}-honouring.json", self.variant));
+    /// Every second until the load ends: samples each task, feeds the autoscaler and carries
+    /// out what it decides. A third of the way into the last phase an operator lowers the
+    /// desired count to the minimum, so that every run also measures a scale-in's drain.
+    async fn drive(&self, live: &mut Live<'_>, loads: &mut [tokio::process::Child]) -> Result<(Vec<TaskSecond>, u64)> {
+        let p = self.plan;
         let t0 = Instant::now();
-        let mut main =
-            self.loadlab(false, &main_out).stderr(std::fs::File::create(main_out.with_extension("log"))?).spawn()?;
-        let mut honouring =
-            self.loadlab(true, &honour_out).stderr(std::fs::File::create(honour_out.with_extension("log"))?).spawn()?;
+        let scale_in_at = p.steady_s + p.surge_s + p.after_s / 3;
         let http = reqwest::Client::builder().timeout(Duration::from_millis(800)).build()?;
-        let quota = self.cpus.cores();
-        let mut seconds: Vec<TaskSecond> = Vec::new();
+        let mut seconds = Vec::new();
         let mut period_cpu: Vec<f64> = Vec::new();
+        let mut peak_rss = 0u64;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut peak_rss = 0u64;
-        let mut main_status = None;
-        let mut honour_status = None;
         loop {
             tick.tick().await;
             let t = t0.elapsed().as_secs();
-            if main_status.is_none() {
-                main_status = main.try_wait()?;
+            let mut running = false;
+            for ll in loads.iter_mut() {
+                running |= ll.try_wait()?.is_none();
             }
-            if honour_status.is_none() {
-                honour_status = honouring.try_wait()?;
+            if !running {
+                return Ok((seconds, peak_rss));
             }
-            if main_status.is_some() && honour_status.is_some() {
-                break;
-            }
-            let states = balancer.states().await.unwrap_or_default();
-            let mut row = TaskSecond { t, desired: scaler.desired(), tasks: Vec::new() };
-            let mut measured = Vec::new();
-            for (i, slot) in slots.iter().enumerate() {
-                let state = scaler.tasks().get(i).copied();
-                let Some(proc) = tasks[i].as_mut() else {
-                    if let Some(TaskState::Pending { .. }) = state {
-                        row.tasks.push(record::TaskSample::pending(&slot.name));
-                    }
-                    continue;
-                };
-                let cpu = proc.cpu_share(quota);
-                peak_rss = peak_rss.max(proc.peak_bytes().unwrap_or(0));
-                if let Some(c) = cpu {
-                    measured.push(c);
-                }
-                let admission = processes::admission(&http, slot.ops).await;
-                row.tasks.push(record::TaskSample {
-                    name: slot.name.clone(),
-                    state: match state {
-                        Some(TaskState::Draining { .. }) => "draining".into(),
-                        _ => "running".into(),
-                    },
-                    balancer: states.get(&slot.name).cloned().unwrap_or_default(),
-                    cpu,
-                    limit: admission.and_then(|a| a.0),
-                    in_flight: admission.map(|a| a.1),
-                });
-            }
-            if !measured.is_empty() {
-                period_cpu.push(measured.iter().sum::<f64>() / measured.len() as f64);
+            let row = live.sample(t, &http, self.cpus.cores(), &mut peak_rss).await;
+            let cpus: Vec<f64> = row.tasks.iter().filter_map(|s| s.cpu).collect();
+            if !cpus.is_empty() {
+                period_cpu.push(cpus.iter().sum::<f64>() / cpus.len() as f64);
             }
             seconds.push(row);
-            let mut events = scaler.tick(t);
+            let mut events = live.scaler.tick(t);
             if t > 0 && t.is_multiple_of(p.period_s) && !period_cpu.is_empty() {
                 let avg = period_cpu.iter().sum::<f64>() / period_cpu.len() as f64;
                 period_cpu.clear();
-                let before = scaler.decisions.len();
-                events.extend(scaler.on_period(t, avg));
-                if let Some(d) = scaler.decisions.get(before) {
-                    log(&format!(
-                        "{t:>4} s: CPU {:.0}% of the quota over the period: {} -> {} tasks",
-                        avg * 100.0,
-                        d.from,
-                        d.to
-                    ));
+                let before = live.scaler.decisions.len();
+                events.extend(live.scaler.on_period(t, avg));
+                if let Some(d) = live.scaler.decisions.get(before) {
+                    log(&format!("{t:>4} s: CPU {:.0}% of the quota: {} -> {} tasks", avg * 100.0, d.from, d.to));
                 }
+            }
+            if t == scale_in_at && live.scaler.desired() > live.scaler.policy().min_tasks {
+                log(&format!("{t:>4} s: scale-in to the minimum (the desired count lowered by hand)"));
+                events.extend(live.scaler.scale_in(t, 0, f64::NAN));
             }
             for e in events {
-                match e {
-                    Event::Start(i) => {
-                        log(&format!("{t:>4} s: {} starts", slots[i].name));
-                        tasks[i] = Some(Proc::api(&launch, &slots[i], scaler.desired())?);
-                        balancer.register(&slots[i].name).await?;
-                    }
-                    Event::Deregister(i) => {
-                        log(&format!("{t:>4} s: {} deregistered, draining", slots[i].name));
-                        balancer.drain(&slots[i].name).await?;
-                    }
-                    Event::Stop(i) => {
-                        log(&format!("{t:>4} s: {} gets SIGTERM", slots[i].name));
-                        if let Some(proc) = tasks[i].take() {
-                            proc.stop(Duration::from_secs(15)).await;
-                        }
-                        balancer.remove(&slots[i].name).await?;
-                    }
-                }
+                live.apply(t, e).await?;
             }
         }
-        for proc in tasks.into_iter().flatten() {
+    }
+}
+
+/// A fleet that is up.
+struct Live<'a> {
+    balancer: Balancer,
+    worker: Proc,
+    tasks: Vec<Option<Proc>>,
+    scaler: Autoscaler,
+    slots: Vec<Slot>,
+    launch: Launch<'a>,
+}
+
+impl Live<'_> {
+    /// One second of every task: its CPU, admission and the balancer's view.
+    async fn sample(&mut self, t: u64, http: &reqwest::Client, quota: f64, peak_rss: &mut u64) -> TaskSecond {
+        let states = self.balancer.states().await.unwrap_or_default();
+        let mut row = TaskSecond { t, desired: self.scaler.desired(), tasks: Vec::new() };
+        for (i, slot) in self.slots.iter().enumerate() {
+            let state = self.scaler.tasks().get(i).copied();
+            let Some(proc) = self.tasks[i].as_mut() else {
+                if let Some(TaskState::Pending { .. }) = state {
+                    row.tasks.push(record::TaskSample::pending(&slot.name));
+                }
+                continue;
+            };
+            let cpu = proc.cpu_share(quota);
+            *peak_rss = (*peak_rss).max(proc.peak_bytes().unwrap_or(0));
+            let admission = processes::admission(http, slot.ops).await;
+            row.tasks.push(record::TaskSample {
+                name: slot.name.clone(),
+                state: if matches!(state, Some(TaskState::Draining { .. })) {
+                    "draining".into()
+                } else {
+                    "running".into()
+                },
+                balancer: states.get(&slot.name).cloned().unwrap_or_default(),
+                cpu,
+                limit: admission.and_then(|a| a.0),
+                in_flight: admission.map(|a| a.1),
+            });
+        }
+        row
+    }
+
+    async fn apply(&mut self, t: u64, event: Event) -> Result<()> {
+        match event {
+            Event::Start(i) => {
+                log(&format!("{t:>4} s: {} starts", self.slots[i].name));
+                self.tasks[i] = Some(Proc::api(&self.launch, &self.slots[i], self.scaler.desired())?);
+                self.balancer.register(&self.slots[i].name).await?;
+            }
+            Event::Deregister(i) => {
+                log(&format!("{t:>4} s: {} deregistered, draining", self.slots[i].name));
+                self.balancer.drain(&self.slots[i].name).await?;
+            }
+            Event::Stop(i) => {
+                log(&format!("{t:>4} s: {} gets SIGTERM", self.slots[i].name));
+                if let Some(proc) = self.tasks[i].take() {
+                    proc.stop(Duration::from_secs(15)).await;
+                }
+                self.balancer.remove(&self.slots[i].name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        for proc in self.tasks.into_iter().flatten() {
             proc.stop(Duration::from_secs(15)).await;
         }
-        worker.stop(Duration::from_secs(15)).await;
-        balancer.stop().await;
-        for (status, what) in [(main_status, "the load"), (honour_status, "the honouring load")] {
-            let status = status.context("loadlab did not finish")?;
-            anyhow::ensure!(status.success(), "{what} failed ({status}): see {}", self.runs.display());
-        }
-        let load = breakwater_loadlab::report::Report::read_json(&main_out)?;
-        let honour = breakwater_loadlab::report::Report::read_json(&honour_out)?;
-        Ok(record::Run {
-            variant: self.variant.to_owned(),
-            phases: record::phases(&load),
-            seconds: record::merge(&seconds, &[&load, &honour]),
-            decisions: scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu)).collect(),
-            honouring: honour.steps.iter().filter_map(|s| s.logical.clone()).collect(),
-            peak_rss_bytes: peak_rss,
-        })
+        self.worker.stop(Duration::from_secs(15)).await;
+        self.balancer.stop().await;
     }
 }

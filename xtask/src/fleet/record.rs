@@ -38,8 +38,9 @@ pub(crate) struct Run {
     /// The load's phases: (name, start, end), seconds of the run.
     pub(crate) phases: Vec<(String, f64, f64)>,
     pub(crate) seconds: Vec<Second>,
-    /// Scaling decisions: (second, from, to, CPU share that decided it).
-    pub(crate) decisions: Vec<(u64, u32, u32, f64)>,
+    /// Scaling decisions: (second, from, to, the CPU share that decided it; none when the
+    /// desired count was lowered by hand).
+    pub(crate) decisions: Vec<(u64, u32, u32, Option<f64>)>,
     /// The honouring population's logical requests, per phase.
     pub(crate) honouring: Vec<LogicalReport>,
     pub(crate) peak_rss_bytes: u64,
@@ -161,9 +162,11 @@ pub(crate) struct Goals {
     pub(crate) refused_after_ready: Option<f64>,
     /// Seconds in which a running task that had been ready was not.
     pub(crate) ready_lost_s: u64,
+    /// Failed requests from a scale-in's deregistration to 5 s after its SIGTERM.
+    pub(crate) drain_failures: Option<u64>,
 }
 
-pub(crate) fn goals(plan: &Plan, run: &Run) -> Goals {
+pub(crate) fn goals(plan: &Plan, run: &Run, drain_delay_s: u64) -> Goals {
     let mut g = Goals::default();
     let Some((_, s0, s1)) = run.phases.iter().find(|p| p.0 == "surge").cloned() else { return g };
     let in_surge = |t: u64| (t as f64) >= s0 && (t as f64) < s1;
@@ -188,6 +191,11 @@ pub(crate) fn goals(plan: &Plan, run: &Run) -> Goals {
         for (k, v) in &s.errors {
             *g.failures.entry(k.clone()).or_default() += v;
         }
+    }
+    if let Some(&(at, ..)) = run.decisions.iter().rev().find(|d| d.2 < d.1) {
+        let until = at + drain_delay_s + 5;
+        g.drain_failures =
+            Some(run.seconds.iter().filter(|s| s.t >= at && s.t <= until).map(Second::errors_total).sum());
     }
     let mut was_ready = std::collections::HashSet::new();
     for s in &run.seconds {
@@ -225,12 +233,12 @@ pub(crate) fn check(run: &Run) -> Result<()> {
 }
 
 /// A few lines for the terminal.
-pub(crate) fn summary(plan: &Plan, run: &Run) -> String {
-    let g = goals(plan, run);
+pub(crate) fn summary(plan: &Plan, run: &Run, drain_delay_s: u64) -> String {
+    let g = goals(plan, run, drain_delay_s);
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or_else(|| "n/a".to_owned(), f);
     format!(
         "{}: surge worst 2xx p99 {:.0} ms; new task ready at {}; 2xx/s before it / two tasks' capacity {}; \
-         refused 15 s after it {}; failures {:?}; seconds a serving task was not ready {}",
+         refused 15 s after it {}; failures {:?}; seconds a serving task was not ready {}; failed while a task drained {}",
         run.variant,
         g.surge_worst_p99_ms,
         g.new_task_ready_s.map_or_else(|| "never".to_owned(), |t| format!("{t} s")),
@@ -238,6 +246,7 @@ pub(crate) fn summary(plan: &Plan, run: &Run) -> String {
         opt(g.refused_after_ready, &|r| format!("{:.1}%", r * 100.0)),
         g.failures,
         g.ready_lost_s,
+        g.drain_failures.map_or_else(|| "n/a (no scale-in)".to_owned(), |n| n.to_string()),
     )
 }
 
@@ -273,15 +282,16 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
     );
     let _ = writeln!(
         m,
-        "| variant | surge: worst second's 2xx p99 | new task ready | 2xx/s before it / two tasks' capacity | refused from 15 s after it | balancer and other failures | seconds a serving task was not ready |"
+        "| variant | surge: worst second's 2xx p99 | new task ready | 2xx/s before it / two tasks' capacity | refused from 15 s after it | balancer and other failures | seconds a serving task was not ready | failed while a task drained |"
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|");
+    let drain = fleet.stack.balancer.deregistration_delay.as_secs();
     for run in &fleet.runs {
-        let g = goals(p, run);
+        let g = goals(p, run, drain);
         let failures: Vec<String> = g.failures.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(
             m,
-            "| {} | {:.0} ms | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} ms | {} | {} | {} | {} | {} | {} |",
             run.variant,
             g.surge_worst_p99_ms,
             g.new_task_ready_s.map_or_else(|| "never".into(), |t| format!("{t} s")),
@@ -289,6 +299,7 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
             g.refused_after_ready.map_or_else(|| "n/a".into(), |r| format!("{:.1}%", r * 100.0)),
             if failures.is_empty() { "0".into() } else { failures.join(", ") },
             g.ready_lost_s,
+            g.drain_failures.map_or_else(|| "no scale-in".into(), |n| n.to_string()),
         );
     }
     for run in &fleet.runs {
