@@ -5,11 +5,13 @@
 //! start: the report (docs/PERFORMANCE.md, the fleet section) says what each second saw.
 
 pub(crate) mod autoscaler;
+mod costs;
 pub(crate) mod haproxy;
 mod processes;
 pub(crate) mod record;
 pub(crate) mod stack;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -189,6 +191,7 @@ pub(crate) async fn run(args: FleetArgs) -> Result<()> {
         let db = format!("{template}_fleet");
         fresh_copy(&server, template, &db).await?;
         let ctx = Ctx {
+            server: server.clone(),
             bin: &bin,
             runs: &runs,
             db_url: services::with_database(&server, &db),
@@ -253,6 +256,8 @@ async fn fresh_copy(server: &str, template: &str, db: &str) -> Result<()> {
 }
 
 struct Ctx<'a> {
+    /// The PostgreSQL server's URL (its maintenance database).
+    server: String,
     bin: &'a Path,
     runs: &'a Path,
     db_url: String,
@@ -352,6 +357,11 @@ impl Ctx<'_> {
         log(&format!("== {} : {} tasks, at most {} ==", self.variant, p.tasks, p.max_tasks));
         std::fs::write(self.runs.join("fleet-profiles.toml"), p.profiles())?;
         let mut live = self.start().await?;
+        let admin = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&services::with_database(&self.server, "postgres"))
+            .await?;
+        let before = costs::read(&services::redis_url(), &live.balancer).await;
         let outs = [
             self.runs.join(format!("{}-load.json", self.variant)),
             self.runs.join(format!("{}-honouring.json", self.variant)),
@@ -361,18 +371,21 @@ impl Ctx<'_> {
             let log = std::fs::File::create(out.with_extension("log"))?;
             loads.push(self.loadlab(i == 1, out).stderr(log).spawn().context("starting loadlab")?);
         }
-        let drove = self.drive(&mut live, &mut loads).await;
+        let drove = self.drive(&mut live, &mut loads, &admin).await;
+        let after = costs::read(&services::redis_url(), &live.balancer).await;
         let decisions =
             live.scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu.is_finite().then_some(d.cpu))).collect();
         live.stop().await;
-        let (seconds, peak_rss) = drove?;
+        let (seconds, peak_rss, connections) = drove?;
         for (mut ll, what) in loads.into_iter().zip(["the load", "the honouring load"]) {
             let status = ll.wait().await?;
             anyhow::ensure!(status.success(), "{what} failed ({status}): see {}", self.runs.display());
         }
         let load = breakwater_loadlab::report::Report::read_json(&outs[0])?;
         let honour = breakwater_loadlab::report::Report::read_json(&outs[1])?;
+        let requests = [&load, &honour].iter().flat_map(|r| r.steps.iter()).map(|s| s.completed).sum();
         Ok(record::Run {
+            costs: costs::between(&before, &after, requests, connections),
             variant: self.variant.to_owned(),
             phases: record::phases(&load),
             seconds: record::merge(&seconds, &[&load, &honour]),
@@ -420,7 +433,12 @@ impl Ctx<'_> {
     /// Every second until the load ends: samples each task, feeds the autoscaler and carries
     /// out what it decides. A third of the way into the last phase an operator lowers the
     /// desired count to the minimum, so that every run also measures a scale-in's drain.
-    async fn drive(&self, live: &mut Live<'_>, loads: &mut [tokio::process::Child]) -> Result<(Vec<TaskSecond>, u64)> {
+    async fn drive(
+        &self,
+        live: &mut Live<'_>,
+        loads: &mut [tokio::process::Child],
+        admin: &sqlx::PgPool,
+    ) -> Result<(Vec<TaskSecond>, u64, BTreeMap<String, u64>)> {
         let p = self.plan;
         let t0 = Instant::now();
         let scale_in_at = p.steady_s + p.surge_s + p.after_s / 3;
@@ -428,6 +446,8 @@ impl Ctx<'_> {
         let mut seconds = Vec::new();
         let mut period_cpu: Vec<f64> = Vec::new();
         let mut peak_rss = 0u64;
+        let mut connections = BTreeMap::new();
+        let database = services::database_name(&self.db_url);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -438,7 +458,11 @@ impl Ctx<'_> {
                 running |= ll.try_wait()?.is_none();
             }
             if !running {
-                return Ok((seconds, peak_rss));
+                return Ok((seconds, peak_rss, connections));
+            }
+            for (app, n) in costs::connections(admin, &database).await {
+                let peak = connections.entry(app).or_insert(0);
+                *peak = n.max(*peak);
             }
             let row = live.sample(t, &http, self.cpus.cores(), &mut peak_rss).await;
             let cpus: Vec<f64> = row.tasks.iter().filter_map(|s| s.cpu).collect();

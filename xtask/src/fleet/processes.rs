@@ -103,6 +103,18 @@ impl Balancer {
         Ok(out)
     }
 
+    /// Bytes into and out of the frontend so far.
+    pub(crate) async fn frontend_bytes(&self) -> Option<(u64, u64)> {
+        let csv = self.command("show stat").await.ok()?;
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next()?.trim_start_matches("# ").split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name);
+        let (sv, bin, bout) = (col("svname")?, col("bin")?, col("bout")?);
+        let row: Vec<&str> =
+            lines.map(|l| l.split(',').collect::<Vec<_>>()).find(|f| f.get(sv) == Some(&"FRONTEND"))?;
+        Some((row.get(bin)?.parse().ok()?, row.get(bout)?.parse().ok()?))
+    }
+
     pub(crate) async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;

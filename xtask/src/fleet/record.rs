@@ -44,6 +44,8 @@ pub(crate) struct Run {
     /// The honouring population's logical requests, per phase.
     pub(crate) honouring: Vec<LogicalReport>,
     pub(crate) peak_rss_bytes: u64,
+    /// Per-request costs to the shared components.
+    pub(crate) costs: super::costs::Costs,
 }
 
 /// One task in one second.
@@ -300,6 +302,29 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
             if failures.is_empty() { "0".into() } else { failures.join(", ") },
             g.ready_lost_s,
             g.drain_failures.map_or_else(|| "no scale-in".into(), |n| n.to_string()),
+        );
+    }
+    let _ = writeln!(m, "\nWhat a request cost the shared components (the capacity model's inputs, docs/DEPLOY.md):\n");
+    let _ = writeln!(
+        m,
+        "| variant | requests | Redis commands / request | PostgreSQL CPU / request | PostgreSQL connections at most | bytes in / out per request |"
+    );
+    let _ = writeln!(m, "|---|---|---|---|---|---|");
+    for run in &fleet.runs {
+        let c = &run.costs;
+        let commands: Vec<String> = c.redis_commands.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let conns: Vec<String> = c.postgres_connections_peak.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            m,
+            "| {} | {} | {:.2} ({}) | {:.0} µs | {} | {:.0} / {:.0} |",
+            run.variant,
+            c.requests,
+            c.redis_commands_per_request,
+            commands.join(", "),
+            c.postgres_cpu_us_per_request,
+            conns.join(", "),
+            c.bytes_in_per_request,
+            c.bytes_out_per_request,
         );
     }
     for run in &fleet.runs {
