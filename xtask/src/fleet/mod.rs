@@ -414,7 +414,15 @@ impl Ctx<'_> {
             tasks[i] = Some(Proc::api(&launch, slot, p.tasks)?);
             balancer.register(&slot.name).await?;
         }
-        let live = Live { balancer, worker, tasks, scaler: Autoscaler::new(self.policy(), p.tasks), slots, launch };
+        let live = Live {
+            balancer,
+            worker,
+            tasks,
+            scaler: Autoscaler::new(self.policy(), p.tasks),
+            slots,
+            launch,
+            jiffies: None,
+        };
         let deadline = Instant::now() + Duration::from_secs(60 + 3 * p.health_interval_s);
         loop {
             let states = live.balancer.states().await?;
@@ -499,13 +507,21 @@ struct Live<'a> {
     scaler: Autoscaler,
     slots: Vec<Slot>,
     launch: Launch<'a>,
+    /// The machine's (busy, total) jiffies at the last sample.
+    jiffies: Option<(u64, u64)>,
 }
 
 impl Live<'_> {
     /// One second of every task: its CPU, admission and the balancer's view.
     async fn sample(&mut self, t: u64, http: &reqwest::Client, quota: f64, peak_rss: &mut u64) -> TaskSecond {
         let states = self.balancer.states().await.unwrap_or_default();
-        let mut row = TaskSecond { t, desired: self.scaler.desired(), tasks: Vec::new() };
+        let jiffies = crate::lab_report::machine_jiffies();
+        let machine_busy = match (self.jiffies, jiffies) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1 - b0) as f64 / (t1 - t0) as f64),
+            _ => None,
+        };
+        self.jiffies = jiffies;
+        let mut row = TaskSecond { t, desired: self.scaler.desired(), machine_busy, tasks: Vec::new() };
         for (i, slot) in self.slots.iter().enumerate() {
             let state = self.scaler.tasks().get(i).copied();
             let Some(proc) = self.tasks[i].as_mut() else {

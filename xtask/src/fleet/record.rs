@@ -84,6 +84,9 @@ impl TaskSample {
 pub(crate) struct TaskSecond {
     pub(crate) t: u64,
     pub(crate) desired: u32,
+    /// The machine's CPU busy over the last second (both cores, 0 to 1): where it nears 1, the
+    /// machine (PostgreSQL, the balancer, the generator beside the tasks) is the limit.
+    pub(crate) machine_busy: Option<f64>,
     pub(crate) tasks: Vec<TaskSample>,
 }
 
@@ -100,6 +103,8 @@ pub(crate) struct Second {
     /// The worse of the two populations' 2xx p99, ms.
     pub(crate) ok_p99_ms: f64,
     pub(crate) desired: u32,
+    #[serde(default)]
+    pub(crate) machine_busy: Option<f64>,
     pub(crate) tasks: Vec<TaskSample>,
 }
 
@@ -121,7 +126,13 @@ impl Second {
 pub(crate) fn merge(fleet: &[TaskSecond], loads: &[&Report]) -> Vec<Second> {
     let mut out: Vec<Second> = fleet
         .iter()
-        .map(|f| Second { t: f.t, desired: f.desired, tasks: f.tasks.clone(), ..Second::default() })
+        .map(|f| Second {
+            t: f.t,
+            desired: f.desired,
+            machine_busy: f.machine_busy,
+            tasks: f.tasks.clone(),
+            ..Second::default()
+        })
         .collect();
     for report in loads {
         for step in &report.steps {
@@ -344,9 +355,11 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
                 last.tasks.iter().map(|t| t.cpu.map_or("-".into(), |c| format!("{:.0}%", c * 100.0))).collect();
             let limits: Vec<String> =
                 last.tasks.iter().map(|t| t.limit.map_or("-".into(), |l| format!("{l:.0}"))).collect();
+            let busy: Vec<f64> = chunk.iter().filter_map(|s| s.machine_busy).collect();
+            let busy = (!busy.is_empty()).then(|| busy.iter().sum::<f64>() / busy.len() as f64);
             let _ = writeln!(
                 m,
-                "| {} | {phase} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} ms | {} / {} | {} | {} |",
+                "| {} | {phase} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} ms | {} / {} | {} | {} | {} |",
                 chunk[0].t,
                 sum(&|s| s.offered),
                 sum(&|s| s.ok),
@@ -357,6 +370,7 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
                 last.desired,
                 cpus.join(" "),
                 limits.join(" "),
+                busy.map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
             );
         }
     }
