@@ -213,9 +213,9 @@ pub(crate) async fn forget_contact(conn: &mut PgConnection, tenant: TenantId, co
     Ok(())
 }
 
-/// Recounts every tenant's counters from the conversations, replacing what they held: for data
-/// written around the domain (the seeder's bulk load). Blocks conversation and contact writes
-/// while it runs.
+/// Recounts every tenant's counters from the conversations, replacing what they held, then
+/// analyses the counter tables: for data written around the domain (the seeder's bulk load).
+/// Blocks conversation and contact writes while it counts.
 ///
 /// # Errors
 /// A database error; nothing is changed then (one transaction).
@@ -247,5 +247,6 @@ pub async fn rebuild(pool: &Pool) -> Result<()> {
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    sqlx::query!("ANALYZE conversation_counts, conversation_assignee_counts").execute(pool).await?;
     Ok(())
 }
