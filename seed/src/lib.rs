@@ -8,7 +8,8 @@
 //! written with one binary `COPY ... FREEZE` in the transaction that truncates it (so its pages
 //! are written once, already frozen and all-visible, and need no vacuum), tables in parallel on
 //! several connections; then the indexes are built, the keys attached and the foreign keys
-//! validated, in parallel as their dependencies allow ([`load`]); then `ANALYZE`.
+//! validated, in parallel as their dependencies allow ([`load`]); then `ANALYZE`; then the inbox
+//! counters are counted from the loaded conversations (`breakwater_domain::counts::rebuild`).
 //!
 //! Architecture invariant: the seeder writes the schema that `breakwater_domain`'s migrations
 //! make and nothing else; what it takes off for the load it puts back exactly as it was.
@@ -75,6 +76,9 @@ pub enum Error {
     /// The migrations failed.
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Recounting the inbox counters after the load failed.
+    #[error("recounting the inbox counters: {0}")]
+    Counts(#[from] breakwater_domain::DomainError),
     /// A generator or encoder thread died.
     #[error("a generator thread failed: {0}")]
     Thread(String),
@@ -138,7 +142,7 @@ pub struct Summary {
     pub tables: Vec<TableSummary>,
     /// Generating the dataset in memory.
     pub generate: Duration,
-    /// From the first `COPY` to the last `ANALYZE`.
+    /// From the first `COPY` to the inbox counters' count.
     pub load_and_build: Duration,
     /// Indexes, keys and foreign keys rebuilt.
     pub rebuilt: usize,
@@ -201,7 +205,7 @@ impl fmt::Display for Summary {
         writeln!(f, "  generate        {:>6.2} s", self.generate.as_secs_f64())?;
         writeln!(
             f,
-            "  load + build    {:>6.2} s   ({} indexes and constraints rebuilt, then ANALYZE)",
+            "  load + build    {:>6.2} s   ({} indexes and constraints rebuilt, ANALYZE, the inbox counters counted)",
             self.load_and_build.as_secs_f64(),
             self.rebuilt
         )?;
@@ -304,9 +308,12 @@ pub async fn run(options: &Options) -> Result<Summary, Error> {
             return Err(Error::NotEmpty { database, tables: filled });
         }
     } else if !filled.is_empty() {
-        sqlx::raw_sql("TRUNCATE tenants, users, inboxes, contacts, conversations, messages, idempotency_keys, jobs")
-            .execute(&mut *conn)
-            .await?;
+        sqlx::raw_sql(
+            "TRUNCATE tenants, users, inboxes, contacts, conversations, messages, idempotency_keys, jobs,
+                      conversation_counts, conversation_assignee_counts",
+        )
+        .execute(&mut *conn)
+        .await?;
     }
     let detached = schema::detach(&mut conn).await?;
     drop(conn);
@@ -315,6 +322,9 @@ pub async fn run(options: &Options) -> Result<Summary, Error> {
     let plan = std::sync::Arc::new(plan);
     let loading = Instant::now();
     let (copies, steps) = load::run(&pool, &plan, &detached, connections, options.progress).await?;
+    // The COPY went around the domain, which keeps the inbox counters: count once, now that
+    // the keys are back.
+    breakwater_domain::counts::rebuild(&pool).await?;
     let load_and_build = loading.elapsed();
     let mut conn = pool.acquire().await?;
     schema::finish(&mut conn).await?;

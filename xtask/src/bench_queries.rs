@@ -697,7 +697,8 @@ async fn erasures_of(pool: &Pool, notices: &Notices, subject: &Subject, count: u
     Ok(e)
 }
 
-/// Puts back whatever an erasure bench took (also after an interrupted one).
+/// Puts back whatever an erasure bench took (also after an interrupted one), and recounts the
+/// inbox counters.
 async fn restore(pool: &Pool) -> anyhow::Result<()> {
     let kept: bool =
         sqlx::query_scalar("SELECT to_regclass('breakwater_bench.contacts') IS NOT NULL").fetch_one(pool).await?;
@@ -720,6 +721,9 @@ async fn restore(pool: &Pool) -> anyhow::Result<()> {
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    // The rows came back around the domain, which took them out of the inbox counts when their
+    // erasure was requested: count again.
+    breakwater_domain::counts::rebuild(pool).await?;
     Ok(())
 }
 

@@ -231,6 +231,8 @@ mod tests {
         assert_eq!(c(&req(Method::GET, "/v1/conversations?status=open")), Route::Class(classes.lists));
         assert_eq!(c(&req(Method::GET, "/v1/contacts")), Route::Class(classes.lists));
         assert_eq!(c(&req(Method::GET, "/v1/conversations/x/messages")), Route::Class(classes.default));
+        // The counts read a few hundred counter rows: cheap, not a list.
+        assert_eq!(c(&req(Method::GET, "/v1/conversations/counts")), Route::Class(classes.default));
         assert_eq!(c(&req(Method::POST, "/v1/conversations")), Route::Class(classes.default));
     }
 

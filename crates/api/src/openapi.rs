@@ -13,7 +13,8 @@ use crate::routes::{contacts, conversations, health, messages};
     info(title = "Breakwater", description = "A multi-tenant chat API with built-in overload protection. \
         Every refusal is a typed envelope; 429 and 503 carry Retry-After."),
     paths(
-        conversations::list, conversations::show, conversations::create, conversations::update,
+        conversations::list, conversations::count, conversations::show, conversations::create,
+        conversations::update,
         messages::list, messages::create,
         contacts::list, contacts::show, contacts::create, contacts::erase,
         health::health,

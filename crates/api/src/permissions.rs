@@ -25,8 +25,9 @@ const fn allow(method: Method, path: &'static str, role: Role) -> Permission {
 }
 
 /// Every tenant operation. Erasure is irreversible and is an admin's alone.
-pub static PERMISSIONS: [Permission; 10] = [
+pub static PERMISSIONS: [Permission; 11] = [
     allow(Method::GET, "/v1/conversations", Role::Agent),
+    allow(Method::GET, "/v1/conversations/counts", Role::Agent),
     allow(Method::POST, "/v1/conversations", Role::Agent),
     allow(Method::GET, "/v1/conversations/{id}", Role::Agent),
     allow(Method::PATCH, "/v1/conversations/{id}", Role::Agent),

@@ -10,7 +10,7 @@
 //! lists the pairs): the repetition is the contract, written where a reviewer of the API sees it,
 //! and the `From` impls make the compiler report a field the domain renames or drops.
 
-use breakwater_domain::{contacts, conversations, messages};
+use breakwater_domain::{contacts, conversations, counts, messages};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
@@ -76,6 +76,40 @@ impl From<conversations::Conversation> for Conversation {
             last_message_preview: c.last_message_preview,
             message_count: c.message_count,
         }
+    }
+}
+
+/// One status's counts.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatusCounts {
+    /// Every conversation in this status.
+    pub all: i64,
+    /// Those assigned to the caller.
+    pub mine: i64,
+    /// Those assigned to nobody.
+    pub unassigned: i64,
+}
+
+impl From<counts::StatusCounts> for StatusCounts {
+    fn from(c: counts::StatusCounts) -> Self {
+        Self { all: c.all, mine: c.mine, unassigned: c.unassigned }
+    }
+}
+
+/// The inbox counts of every status.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ConversationCounts {
+    /// Waiting for an agent.
+    pub open: StatusCounts,
+    /// Waiting for the contact.
+    pub pending: StatusCounts,
+    /// Done.
+    pub closed: StatusCounts,
+}
+
+impl From<counts::Counts> for ConversationCounts {
+    fn from(c: counts::Counts) -> Self {
+        Self { open: c.open.into(), pending: c.pending.into(), closed: c.closed.into() }
     }
 }
 
@@ -201,8 +235,12 @@ mod tests {
             body: "hi".into(),
             created_at: now,
         });
+        let tally = counts::StatusCounts { all: 3, mine: 1, unassigned: 1 };
+        let counted = ConversationCounts::from(counts::Counts { open: tally, pending: tally, closed: tally });
         let samples = [
             ("Conversation", serde_json::to_value(&conversation)),
+            ("ConversationCounts", serde_json::to_value(&counted)),
+            ("StatusCounts", serde_json::to_value(&counted.open)),
             ("Message", serde_json::to_value(&message)),
             ("Contact", serde_json::to_value(Contact::from(domain_contact()))),
             ("ErasureAccepted", serde_json::to_value(ErasureAccepted { job_id: Uuid::nil() })),

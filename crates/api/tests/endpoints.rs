@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{id_of, spawn, tenant, walk};
+use common::{TestApp, id_of, spawn, tenant, walk};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -116,6 +116,59 @@ async fn conversations_open_show_update_and_filter(pool: PgPool) {
     // inbox_id and assignee_id together: no index serves it; refused clearly.
     let r = app.get(&format!("/v1/conversations?inbox_id={}&assignee_id=unassigned", t.inbox), &t.token).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+}
+
+/// `GET /v1/conversations/counts` as `(all, mine, unassigned)` per status, open/pending/closed.
+async fn counts(app: &TestApp, token: &str, query: &str) -> [(i64, i64, i64); 3] {
+    let r = app.get(&format!("/v1/conversations/counts{query}"), token).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    ["open", "pending", "closed"].map(|s| {
+        let n = |k: &str| r.body[s][k].as_i64().unwrap_or_else(|| panic!("{s}.{k} in {}", r.text));
+        (n("all"), n("mine"), n("unassigned"))
+    })
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn counts_follow_opens_changes_and_erasures(pool: PgPool) {
+    let app = spawn(pool.clone()).await;
+    let t = tenant(&pool, "Acme").await;
+    let ann = t.contact(&app, "Ann", "ann@example.com").await;
+    let bob = t.contact(&app, "Bob", "bob@example.com").await;
+    let c1 = t.conversation(&app, ann).await;
+    let r = app
+        .post(
+            "/v1/conversations",
+            &t.token,
+            json!({"contact_id": bob, "inbox_id": t.other_inbox, "assignee_id": t.agent.0, "status": "pending"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(counts(&app, &t.agent_token, "").await, [(1, 0, 1), (1, 1, 0), (0, 0, 0)]);
+    // "mine" is the caller's: the admin holds none.
+    assert_eq!(counts(&app, &t.token, "").await, [(1, 0, 1), (1, 0, 0), (0, 0, 0)]);
+    assert_eq!(
+        counts(&app, &t.agent_token, &format!("?inbox_id={}", t.inbox)).await,
+        [(1, 0, 1), (0, 0, 0), (0, 0, 0)]
+    );
+
+    let r = app.patch(&format!("/v1/conversations/{c1}"), &t.token, json!({"assignee_id": t.agent.0})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(counts(&app, &t.agent_token, "").await, [(1, 1, 0), (1, 1, 0), (0, 0, 0)]);
+    let r =
+        app.patch(&format!("/v1/conversations/{c1}"), &t.token, json!({"status": "closed", "assignee_id": null})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(counts(&app, &t.agent_token, "").await, [(0, 0, 0), (1, 1, 0), (1, 0, 1)]);
+
+    // An erasure request takes the contact's conversations out at once, as the list hides them.
+    let r = app.call(reqwest::Method::DELETE, &format!("/v1/contacts/{bob}"), Some(&t.token), None).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(counts(&app, &t.agent_token, "").await, [(0, 0, 0), (0, 0, 0), (1, 0, 1)]);
+
+    // Bad input gets the envelope.
+    let r = app.get("/v1/conversations/counts?inbox_id=nope", &t.token).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{}", r.text);
+    let r = app.get("/v1/conversations/counts?status=open", &t.token).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "an unknown filter: {}", r.text);
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]

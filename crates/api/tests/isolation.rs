@@ -69,6 +69,9 @@ enum Sweep {
     ById { kind: Kind, body: Option<Value>, ok: StatusCode },
     /// A list: with each query (B's ids in filters, B's cursors) A's token reads none of B's rows.
     List { queries: Vec<String> },
+    /// Counts: with each query naming B's rows, A's token gets exactly what an unknown id in
+    /// the same place gets; and each tenant's unfiltered counts are its own conversations.
+    Counts { foreign: Vec<String> },
     /// A create: each body naming B's rows is refused with 422; `own` (A's rows only) succeeds.
     Create { foreign: Vec<Value>, own: Value },
     /// No tenant data at all: answers 200 and nothing of B's.
@@ -103,6 +106,9 @@ fn coverage(op: &str, a: &World, b: &World) -> Option<Sweep> {
                 format!("?assignee_id={}", b.t.admin),
                 format!("?cursor={}", b.conversation_cursor),
             ],
+        },
+        "GET /v1/conversations/counts" => Sweep::Counts {
+            foreign: vec![format!("?inbox_id={}", b.t.inbox), format!("?inbox_id={}", b.t.other_inbox)],
         },
         "GET /v1/contacts" => Sweep::List {
             queries: vec![
@@ -269,6 +275,29 @@ async fn every_documented_operation_keeps_tenants_apart(pool: PgPool) {
                 // And the list does serve A's own rows, so "empty" is not how it passes.
                 let own = common::walk(&app, template, &a.t.token).await;
                 assert!(!own.is_empty(), "{op}: A's own list is empty");
+            }
+            Sweep::Counts { foreign } => {
+                let unknown = app.get(&format!("{template}?inbox_id={}", Uuid::now_v7()), &a.t.token).await;
+                assert_eq!(unknown.status, StatusCode::OK, "{op} with an unknown inbox: {}", unknown.text);
+                for q in foreign {
+                    let r = app.get(&format!("{template}{q}"), &a.t.token).await;
+                    assert_eq!(r.status, StatusCode::OK, "{op}{q}: {}", r.text);
+                    assert_eq!(r.body, unknown.body, "{op}{q}: B's inbox answers unlike an unknown one");
+                    assert_no_trace_of(&b, &format!("{op}{q}"), &r);
+                }
+                // Each tenant counts its own conversations, all of them and no more, while
+                // both hold some: A's counts include nothing of B's, nor B's of A's.
+                for (who, token) in [("A", &a.t.token), ("B", &b.t.token)] {
+                    let counted = app.get(template, token).await;
+                    assert_eq!(counted.status, StatusCode::OK, "{op} as {who}: {}", counted.text);
+                    let all: i64 = ["open", "pending", "closed"]
+                        .iter()
+                        .map(|s| counted.body[s]["all"].as_i64().expect("a count"))
+                        .sum();
+                    let listed = common::walk(&app, "/v1/conversations", token).await.len();
+                    assert!(listed > 0, "{who} has conversations");
+                    assert_eq!(all, i64::try_from(listed).expect("small"), "{op} as {who}: {}", counted.text);
+                }
             }
             Sweep::Create { foreign, own } => {
                 for body in foreign {

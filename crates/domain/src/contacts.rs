@@ -231,9 +231,11 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
 }
 
 /// Requests the privacy erasure (PDPA/GDPR) of a contact: in one transaction the contact is
-/// tombstoned (from then on it, and every conversation of theirs, answers 404) and an
-/// `erase_contact` job is enqueued to delete the rows. It touches one contact row and one job
-/// row, so it is fast however much history the contact has.
+/// tombstoned (from then on it, and every conversation of theirs, answers 404), its
+/// conversations leave the inbox counts, and an `erase_contact` job is enqueued to delete the
+/// rows. It writes one contact row, one job row and the counters of the contact's
+/// conversations (read through the conversations' contact index), so it is fast however much
+/// message history the contact has.
 ///
 /// # Errors
 /// [`DomainError::NotFound`] when unknown, another tenant's, or already erased.
@@ -265,6 +267,7 @@ pub async fn request_erasure_traced(
     if erased.is_none() {
         return Err(DomainError::NotFound);
     }
+    crate::counts::forget_contact(&mut tx, tenant, id).await?;
     let job_id = jobs::enqueue(&mut tx, jobs::NewJob::erase_contact(tenant, id).with_traceparent(traceparent)).await?;
     tx.commit().await?;
     Ok(ErasureAccepted { job_id })
@@ -276,7 +279,8 @@ pub const ERASE_BATCH: i64 = 2_000;
 
 /// Deletes an erased contact's messages, conversations and the contact itself, in batches of
 /// `batch` rows so no statement holds many locks for long. Every statement reaches rows through
-/// the foreign-key indexes, never a scan. Safe to run twice, and to resume after a crash.
+/// the foreign-key indexes, never a scan. Safe to run twice, and to resume after a crash. The
+/// inbox counts are not touched: the conversations left them when the erasure was requested.
 ///
 /// Returns how many messages and conversations were deleted.
 ///

@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::counts::{self, Bucket};
 use crate::cursor::start;
 use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id};
 
@@ -218,43 +219,54 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewConversation) -> Resu
     )
     .execute(&mut *tx)
     .await?;
+    let bucket = Bucket { inbox_id: new.inbox_id, status: new.status, assignee_id: new.assignee_id };
+    counts::shift(&mut tx, tenant, id, None, Some(bucket)).await?;
     // Read back on the same connection: one pool checkout per call.
     let conversation = get(&mut *tx, tenant, id).await?;
     tx.commit().await?;
     Ok(conversation)
 }
 
-/// Changes a conversation's status and/or assignee.
+/// Changes a conversation's status and/or assignee, and moves it between the counts' buckets.
 ///
 /// # Errors
 /// [`DomainError::NotFound`] as for [`get`]; [`DomainError::Invalid`] for an assignee who is not
 /// a user of the tenant.
 #[tracing::instrument(name = "db conversations.update", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn update(pool: &Pool, tenant: TenantId, id: Uuid, changes: ConversationChanges) -> Result<Conversation> {
-    let (set_assignee, assignee) = match changes.assignee_id {
-        Some(a) => (true, a),
-        None => (false, None),
-    };
-    // Both statements on one connection: one pool checkout per call.
-    let mut conn = pool.acquire().await?;
-    let updated = sqlx::query_scalar!(
-        r#"UPDATE conversations c
-           SET status = COALESCE($3, c.status),
-               assignee_id = CASE WHEN $4 THEN $5 ELSE c.assignee_id END
-           FROM contacts ct
-           WHERE c.tenant_id = $1 AND c.id = $2
-             AND ct.tenant_id = c.tenant_id AND ct.id = c.contact_id AND ct.erased_at IS NULL
-           RETURNING c.id"#,
+    let mut tx = pool.begin().await?;
+    // The bucket it leaves, locked so no concurrent change moves it meanwhile. FOR SHARE of the
+    // contact, as in `create`: an erasure requested concurrently waits for this transaction, and
+    // one committed first hides the conversation (the row is re-checked after the wait).
+    let before = sqlx::query_as!(
+        Bucket,
+        r#"SELECT c.inbox_id, c.status AS "status: ConversationStatus", c.assignee_id
+           FROM conversations c
+           JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
+           WHERE c.tenant_id = $1 AND c.id = $2 AND ct.erased_at IS NULL
+           FOR NO KEY UPDATE OF c FOR SHARE OF ct"#,
         tenant.0,
         id,
-        changes.status as Option<ConversationStatus>,
-        set_assignee,
-        assignee,
     )
-    .fetch_optional(&mut *conn)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(DomainError::NotFound)?;
+    let after = Bucket {
+        status: changes.status.unwrap_or(before.status),
+        assignee_id: changes.assignee_id.unwrap_or(before.assignee_id),
+        ..before
+    };
+    sqlx::query!(
+        "UPDATE conversations SET status = $3, assignee_id = $4 WHERE tenant_id = $1 AND id = $2",
+        tenant.0,
+        id,
+        after.status as ConversationStatus,
+        after.assignee_id,
+    )
+    .execute(&mut *tx)
     .await?;
-    if updated.is_none() {
-        return Err(DomainError::NotFound);
-    }
-    get(&mut *conn, tenant, id).await
+    counts::shift(&mut tx, tenant, id, Some(before), Some(after)).await?;
+    let conversation = get(&mut *tx, tenant, id).await?;
+    tx.commit().await?;
+    Ok(conversation)
 }

@@ -1,5 +1,5 @@
-//! Breakwater's chat domain: tenants, inboxes, contacts, conversations, messages, jobs and
-//! webhooks.
+//! Breakwater's chat domain: tenants, inboxes, contacts, conversations and their counts,
+//! messages, jobs and webhooks.
 //!
 //! Architecture invariant: this crate knows nothing of HTTP, Redis or admission control. Every
 //! query that reads or writes tenant data takes a [`TenantId`] and filters by it, so no caller
@@ -10,6 +10,7 @@
 
 pub mod contacts;
 pub mod conversations;
+pub mod counts;
 pub mod cursor;
 pub mod database;
 mod error;

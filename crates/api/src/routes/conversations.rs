@@ -1,4 +1,4 @@
-//! `/v1/conversations`: the inbox, one conversation, opening and updating one.
+//! `/v1/conversations`: the inbox, its counts, one conversation, opening and updating one.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -7,6 +7,7 @@ use axum::{Router, response::IntoResponse};
 use breakwater_domain::conversations::{
     self, AssigneeFilter, ConversationChanges, ConversationStatus, InboxFilter, NewConversation,
 };
+use breakwater_domain::counts;
 use serde::{Deserialize, Deserializer};
 use uuid::Uuid;
 
@@ -14,11 +15,12 @@ use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::extract::{Json, Path, Query};
 use crate::state::AppState;
-use crate::views::{Conversation, Page};
+use crate::views::{Conversation, ConversationCounts, Page};
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/conversations", get(list).post(create))
+        .route("/v1/conversations/counts", get(count))
         .route("/v1/conversations/{id}", get(show).patch(update))
 }
 
@@ -64,6 +66,32 @@ pub(crate) async fn list(
     let cursor = super::cursor(&state, params.cursor.as_deref())?;
     let page = conversations::list(&state.pool, auth.tenant, filter, cursor.as_ref(), limit).await?;
     Ok(axum::Json(super::sealed(&state, page)))
+}
+
+/// Query parameters of the counts.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct CountsParams {
+    /// Only conversations of this inbox.
+    inbox_id: Option<Uuid>,
+}
+
+/// The inbox counts: per status, every conversation, the caller's (`mine`) and the unassigned
+/// ones, in the tenant or in one inbox; what the inbox list with the same filters would walk.
+/// Exact, and cheap however large the tenant: kept as counters by every write, never counted on
+/// request. An inbox that is unknown or another tenant's counts zero, as the list's filter
+/// gives an empty page.
+#[utoipa::path(get, path = "/v1/conversations/counts", tag = "conversations", params(CountsParams),
+    security(("bearer" = [])),
+    responses((status = 200, body = ConversationCounts), (status = 400, body = ErrorEnvelope),
+              (status = 401, body = ErrorEnvelope)))]
+pub(crate) async fn count(
+    State(state): State<AppState>,
+    auth: Auth,
+    Query(params): Query<CountsParams>,
+) -> ApiResult<axum::Json<ConversationCounts>> {
+    Ok(axum::Json(counts::get(&state.pool, auth.tenant, auth.user, params.inbox_id).await?.into()))
 }
 
 /// One conversation.
