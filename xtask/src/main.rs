@@ -1,4 +1,5 @@
-//! `cargo xtask`: the project's chores, so the only tool a newcomer needs is cargo.
+//! `cargo xtask`: the project's chores, so the only tool a newcomer needs is cargo. The
+//! experiments live in the `breakwater-lab` crate (crates/lab); this is their command line.
 //!
 //! - `cargo xtask dev`: a served, seeded stack on this machine (PostgreSQL found or started,
 //!   migrated, seeded small; API and worker running; a token and a curl line printed).
@@ -8,13 +9,10 @@
 //! - `cargo xtask chaos [--quick]`: the reliability suite (faults and hostile input, under load).
 //! - `cargo xtask lab [--quick]`: the headline experiment (admission off, static, adaptive) pinned.
 
-mod bench_queries;
-mod chaos;
-mod lab;
-mod lab_plan;
-mod lab_report;
-mod services;
+mod dev;
 
+use breakwater_lab::rig::{pinned, services};
+use breakwater_lab::{bench_queries, chaos, lab};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -47,9 +45,6 @@ enum Command {
     /// smoke run).
     Lab(lab::LabArgs),
 }
-
-mod dev;
-mod pinned;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

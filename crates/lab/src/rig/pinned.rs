@@ -27,7 +27,7 @@ const MIN_QUOTA_US: u64 = 1_000;
 
 /// Options of `cargo xtask pinned`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct PinnedArgs {
+pub struct PinnedArgs {
     /// CPU quota in cores (decimal, up to three places): 0.25 is a Fargate task of 256 CPU units.
     #[arg(long, default_value = "0.25", value_parser = parse_cpus)]
     cpus: Millicores,
@@ -518,7 +518,7 @@ fn mib(bytes: u64) -> String {
 }
 
 /// Runs the command pinned, forwards signals, reports, cleans up, and exits with its status.
-pub(crate) async fn run(args: PinnedArgs) -> anyhow::Result<()> {
+pub async fn run(args: PinnedArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
     let limits = Limits::new(args.cpus, args.period_us, args.memory)?;

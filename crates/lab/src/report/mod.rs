@@ -11,8 +11,8 @@ use breakwater_loadlab::html::{RGBColor, Series, chart};
 use breakwater_loadlab::report::{Report, StepReport, TenantReport};
 use serde::{Deserialize, Serialize};
 
-use crate::lab_plan::{Plan, multiple_label};
-use crate::pinned::Stats;
+use crate::plan::{Plan, multiple_label};
+use crate::rig::pinned::Stats;
 
 /// Bumped when a field of `lab.json` changes meaning.
 pub(crate) const SCHEMA: &str = "breakwater-lab/1";
@@ -109,7 +109,8 @@ impl Machine {
                 l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_owned())
             })
             .unwrap_or_else(|| "unknown".into());
-        let mounts = crate::pinned::parse_mounts(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default());
+        let mounts =
+            crate::rig::pinned::parse_mounts(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default());
         let cgroup = if mounts.cpu.is_some() && mounts.memory.is_some() {
             "v1"
         } else if mounts.unified.is_some() {

@@ -13,7 +13,6 @@
 //! `messages` or `contacts` sequentially.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,9 +25,11 @@ use sqlx::Executor as _;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
+use crate::rig::services::root;
+
 /// Options of `cargo xtask bench-queries`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {
+pub struct Args {
     /// The database to measure. Seeded with the full default first if it has no data.
     #[arg(long, env = "BENCH_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/breakwater_bench")]
     database_url: String,
@@ -52,12 +53,7 @@ pub(crate) struct Args {
     no_write: bool,
 }
 
-/// The workspace root (docs/ is written relative to it).
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-}
-
-pub(crate) fn main(args: &Args) -> anyhow::Result<()> {
+pub fn main(args: &Args) -> anyhow::Result<()> {
     if cfg!(debug_assertions) && !args.debug_build {
         eprintln!(
             "bench-queries: a debug build would time the client; running the release build (--debug-build skips)"

@@ -19,14 +19,14 @@ use breakwater_loadlab::report::Report;
 use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::lab_plan::{PHASES, Plan, VARIANTS, quarter_core};
-use crate::lab_report::{self, Capacity, Lab, Machine, Noisy, PhaseRun, Variant, XSample};
-use crate::pinned::{Limits, Millicores, Pinned};
-use crate::services;
+use crate::plan::{PHASES, Plan, VARIANTS, quarter_core};
+use crate::report::{self, Capacity, Lab, Machine, Noisy, PhaseRun, Variant, XSample};
+use crate::rig::pinned::{Limits, Millicores, Pinned};
+use crate::rig::services;
 
 /// Options of `cargo xtask lab`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct LabArgs {
+pub struct LabArgs {
     /// A few minutes in all (small seed, short steps, fewer points): a smoke check for CI that
     /// asserts nothing about speed. Writes under target/ unless --out is given.
     #[arg(long)]
@@ -46,7 +46,7 @@ pub(crate) struct LabArgs {
     /// PostgreSQL's CPU, in cores, for the API's database in the middle of the capacity-change
     /// run: its backends are moved under this CPU quota, then back (as if a competing load took
     /// the database server's CPU). Needs root and cgroups, as pinning does.
-    #[arg(long, default_value = "0.15", value_parser = crate::pinned::parse_cpus)]
+    #[arg(long, default_value = "0.15", value_parser = crate::rig::pinned::parse_cpus)]
     db_cpus: Millicores,
     /// Without cgroups, the capacity-change run slows PostgreSQL with this many connections of
     /// competing CPU-heavy queries instead (on a 2-core machine, 3 slowed it too little to move
@@ -63,7 +63,7 @@ pub(crate) struct LabArgs {
     /// The API's CPU quota, in cores. Anything but the production task's 0.25 is an experiment:
     /// the calibration rates scale with it, and the report goes under target/lab-custom/ unless
     /// --out is given (never into docs/PERFORMANCE.md).
-    #[arg(long, default_value = "0.25", value_parser = crate::pinned::parse_cpus)]
+    #[arg(long, default_value = "0.25", value_parser = crate::rig::pinned::parse_cpus)]
     api_cpus: Millicores,
     /// Only these runs (comma-separated: refusals, sweep, sweep-honouring, sweep-one, ramp,
     /// ramp-one, ramp-honouring, change, noisy, flood); the capacity is always calibrated first.
@@ -98,7 +98,7 @@ fn log(msg: &str) {
     eprintln!("lab: {msg}");
 }
 
-pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
+pub async fn run(args: LabArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut plan = Plan::new(args.quick);
     for p in &args.only {
@@ -136,13 +136,13 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         let mut lab: Lab =
             serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
         anyhow::ensure!(
-            lab.schema == lab_report::SCHEMA,
+            lab.schema == report::SCHEMA,
             "{} has schema {}, not {}",
             json.display(),
             lab.schema,
-            lab_report::SCHEMA
+            report::SCHEMA
         );
-        lab_report::recompute(&mut lab);
+        report::recompute(&mut lab);
         // A saved experiment is still an experiment: never into docs/PERFORMANCE.md.
         let (out, perf_md) = if lab.plan.is_experiment() && args.out.is_none() {
             let custom = root.join("target/lab-custom");
@@ -151,8 +151,8 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         } else {
             (out, perf_md)
         };
-        let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
-        println!("{}", lab_report::summary(&lab));
+        let written = report::write(&lab, &out, perf_md.as_deref())?;
+        println!("{}", report::summary(&lab));
         for w in written {
             println!("wrote {}", w.display());
         }
@@ -215,7 +215,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
     log(&format!("{} tenants, the heaviest at {:.0}% of the traffic", tokens.tenants, tokens.top_share * 100.0));
 
     let mut lab = Lab {
-        schema: lab_report::SCHEMA.into(),
+        schema: report::SCHEMA.into(),
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: Machine::read(pinning.as_ref().err().cloned()),
         commit: commit(&root),
@@ -260,13 +260,13 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
 
     // 2. What a refusal costs: the API refusing everything, and a bare hyper server's canned 503.
     if runs("refusals") {
-        let mut cost = lab_report::RefusalCost::default();
+        let mut cost = report::RefusalCost::default();
         for (server, name) in [(Server::Api, "api"), (Server::Floor, "floor")] {
             for new_connections in [false, true] {
                 let phase = format!("refusals-{}", if new_connections { "new-connections" } else { "kept-alive" });
                 let spec = Spec { server, ..Spec::api(name, &phase, Load::Refusals { new_connections }) };
                 let run = ctx.phase(spec).await?;
-                cost.record(name, new_connections, lab_report::rows(&run, None).into_iter().next());
+                cost.record(name, new_connections, report::rows(&run, None).into_iter().next());
             }
         }
         lab.refusal_cost = Some(cost);
@@ -283,7 +283,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         {
             if runs(phase) {
                 let run = ctx.phase(Spec::api(variant, phase, Load::Sweep { tokens: tokens.clone(), honour })).await?;
-                let rows = lab_report::rows(&run, None);
+                let rows = report::rows(&run, None);
                 match phase {
                     "sweep" => v.sweep = rows,
                     "sweep-honouring" => v.sweep_honouring = rows,
@@ -301,7 +301,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
                 let load =
                     Load::Profile { name: profile, capacity: Some(capacity.rps), tokens: tokens.clone(), honour };
                 let run = ctx.phase(Spec::api(variant, phase, load)).await?;
-                let rows = lab_report::rows(&run, Some(capacity.rps));
+                let rows = report::rows(&run, Some(capacity.rps));
                 match phase {
                     "ramp" => v.ramp = rows,
                     "ramp-one" => v.ramp_one = rows,
@@ -319,7 +319,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             let load = ctx.profile("lab-capacity-change", Some(capacity.rps));
             let change =
                 ctx.phase(Spec { slowdown: Some(slowdown), ..Spec::api(variant, "capacity-change", load) }).await?;
-            v.change = lab_report::change(&change);
+            v.change = report::change(&change);
             done.push(change);
         }
         if runs("noisy") {
@@ -337,7 +337,7 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
             let rate = (capacity.rps * plan.flood_share).max(1.0);
             let spec = Spec { throttles: Throttles::Flood, ..Spec::api(variant, "flood", Load::Flood { rate }) };
             let flood = ctx.phase(spec).await?;
-            v.flood = lab_report::Flood::from_run(&flood, &ctx.tokens.noisy_tenant, rate);
+            v.flood = report::Flood::from_run(&flood, &ctx.tokens.noisy_tenant, rate);
             done.push(flood);
         }
         v.peak_rss_bytes = done.iter().filter_map(|p| p.cgroup_peak).max();
@@ -345,12 +345,12 @@ pub(crate) async fn run(args: LabArgs) -> anyhow::Result<()> {
         lab.variants.push(v);
     }
     lab.wall_s = started.elapsed().as_secs_f64();
-    lab.machine.load_average.1 = lab_report::load_average();
+    lab.machine.load_average.1 = report::load_average();
 
     // 3. The report.
-    lab_report::recompute(&mut lab);
-    let written = lab_report::write(&lab, &out, perf_md.as_deref())?;
-    println!("\n{}", lab_report::summary(&lab));
+    report::recompute(&mut lab);
+    let written = report::write(&lab, &out, perf_md.as_deref())?;
+    println!("\n{}", report::summary(&lab));
     for w in written {
         println!("wrote {}", w.display());
     }
@@ -932,8 +932,8 @@ enum Slowing {
 
 /// What a slowdown did, for the report.
 struct Slowed {
-    burn: Option<lab_report::BurnRecord>,
-    cap: Option<lab_report::DbCapRecord>,
+    burn: Option<report::BurnRecord>,
+    cap: Option<report::DbCapRecord>,
 }
 
 impl Slowing {
@@ -969,7 +969,7 @@ impl Slowing {
             Self::Burning(b, running) => {
                 let done = running.stop().await;
                 log(&format!("competing load stopped ({} heavy queries ran)", done.queries));
-                let burn = lab_report::BurnRecord {
+                let burn = report::BurnRecord {
                     connections: b.connections,
                     queries: done.queries,
                     mean_query_ms: done.mean_ms,
@@ -993,7 +993,7 @@ struct DbCap {
 }
 
 struct CapState {
-    adopted: Vec<crate::pinned::Adopted>,
+    adopted: Vec<crate::rig::pinned::Adopted>,
     group: Option<Pinned>,
     /// A backend that could not be moved (and still runs): the run stops with it.
     failed: Option<String>,
@@ -1059,7 +1059,7 @@ impl DbCap {
         Ok(cap)
     }
 
-    fn stop(self) -> lab_report::DbCapRecord {
+    fn stop(self) -> report::DbCapRecord {
         self.watcher.abort();
         let (stats, backends) = {
             let st = lock(&self.state);
@@ -1069,7 +1069,7 @@ impl DbCap {
             (st.group.as_ref().map(Pinned::stats).unwrap_or_default(), st.adopted.len())
         };
         let elapsed = self.started.elapsed().as_secs_f64();
-        lab_report::DbCapRecord {
+        report::DbCapRecord {
             cpus: self.cpus.cores(),
             backends,
             throttled_share: stats.throttled_ratio(),
@@ -1145,9 +1145,9 @@ impl Sampler {
                 };
                 let s = XSample {
                     t_s,
-                    cgroup: cgroup.as_ref().map(crate::pinned::Counters::read),
-                    postgres_cpu_s: lab_report::postgres_cpu_seconds(),
-                    machine: lab_report::machine_jiffies(),
+                    cgroup: cgroup.as_ref().map(crate::rig::pinned::Counters::read),
+                    postgres_cpu_s: report::postgres_cpu_seconds(),
+                    machine: report::machine_jiffies(),
                     pg_active,
                     health_ms,
                 };

@@ -27,13 +27,13 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-use crate::services::{self, Cluster};
+use crate::rig::services::{self, Cluster};
 
 mod hostile_tenant;
 
 /// Options of `cargo xtask chaos`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct ChaosArgs {
+pub struct ChaosArgs {
     /// Shorter runs and a shorter fuzzing budget (about 5 minutes in all). CI runs it with
     /// `--only postgres,redis,sigterm,fuzz`.
     #[arg(long)]
@@ -141,7 +141,7 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let all = ["postgres", "redis", "sigterm", "hostile-tenant", "hostile", "fuzz"];
     for s in &args.only {
         anyhow::ensure!(all.contains(&s.as_str()), "unknown scenario {s:?}; known: {all:?}");

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::pinned::Millicores;
+use crate::rig::pinned::Millicores;
 
 /// Every run, in order: the refusal cost once, then each variant's.
 pub(crate) const PHASES: [&str; 10] = [
