@@ -18,5 +18,6 @@ pub mod bench_queries;
 pub mod chaos;
 pub mod lab;
 pub mod plan;
+pub mod record;
 pub mod report;
 pub mod rig;

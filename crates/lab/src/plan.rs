@@ -258,4 +258,12 @@ mod tests {
         }
         assert!(profiles.contains("rps = 40.0"), "the others beside the flood: {profiles}");
     }
+
+    #[test]
+    fn multiples_read_as_written() {
+        assert_eq!(multiple_label(0.25), "0.25x");
+        assert_eq!(multiple_label(2.0), "2x");
+        assert_eq!(multiple_label(1.5), "1.5x");
+        assert_eq!(multiple_label(10.0), "10x");
+    }
 }

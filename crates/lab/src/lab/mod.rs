@@ -20,9 +20,15 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::plan::{PHASES, Plan, VARIANTS, quarter_core};
-use crate::report::{self, Capacity, Lab, Machine, Noisy, PhaseRun, Variant, XSample};
+use crate::record::reading;
+use crate::record::{
+    self, BurnRecord, Capacity, DbCapRecord, Flood, LabRecord, Machine, Noisy, PhaseRun, RefusalCost, Variant, XSample,
+};
+use crate::report;
 use crate::rig::pinned::{Limits, Millicores, Pinned};
 use crate::rig::services;
+
+mod probes;
 
 /// Options of `cargo xtask lab`.
 #[derive(Debug, clap::Args)]
@@ -133,16 +139,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
     let perf_md = docs.then(|| root.join("docs/PERFORMANCE.md"));
     if let Some(json) = &args.from_json {
         let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-        let mut lab: Lab =
-            serde_json::from_str(&text).with_context(|| format!("{} is not a lab.json", json.display()))?;
-        anyhow::ensure!(
-            lab.schema == report::SCHEMA,
-            "{} has schema {}, not {}",
-            json.display(),
-            lab.schema,
-            report::SCHEMA
-        );
-        report::recompute(&mut lab);
+        let lab = LabRecord::from_json(&text, &json.display().to_string())?;
         // A saved experiment is still an experiment: never into docs/PERFORMANCE.md.
         let (out, perf_md) = if lab.plan.is_experiment() && args.out.is_none() {
             let custom = root.join("target/lab-custom");
@@ -214,8 +211,8 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
     let tokens = tokens(&services::with_database(&server, &database), &runs_dir, plan.noisy_factor).await?;
     log(&format!("{} tenants, the heaviest at {:.0}% of the traffic", tokens.tenants, tokens.top_share * 100.0));
 
-    let mut lab = Lab {
-        schema: report::SCHEMA.into(),
+    let mut lab = LabRecord {
+        schema: record::SCHEMA.into(),
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: Machine::read(pinning.as_ref().err().cloned()),
         commit: commit(&root),
@@ -260,13 +257,13 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
 
     // 2. What a refusal costs: the API refusing everything, and a bare hyper server's canned 503.
     if runs("refusals") {
-        let mut cost = report::RefusalCost::default();
+        let mut cost = RefusalCost::default();
         for (server, name) in [(Server::Api, "api"), (Server::Floor, "floor")] {
             for new_connections in [false, true] {
                 let phase = format!("refusals-{}", if new_connections { "new-connections" } else { "kept-alive" });
                 let spec = Spec { server, ..Spec::api(name, &phase, Load::Refusals { new_connections }) };
                 let run = ctx.phase(spec).await?;
-                cost.record(name, new_connections, report::rows(&run, None).into_iter().next());
+                cost.record(name, new_connections, reading::rows(&run, None).into_iter().next());
             }
         }
         lab.refusal_cost = Some(cost);
@@ -283,7 +280,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
         {
             if runs(phase) {
                 let run = ctx.phase(Spec::api(variant, phase, Load::Sweep { tokens: tokens.clone(), honour })).await?;
-                let rows = report::rows(&run, None);
+                let rows = reading::rows(&run, None);
                 match phase {
                     "sweep" => v.sweep = rows,
                     "sweep-honouring" => v.sweep_honouring = rows,
@@ -301,7 +298,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
                 let load =
                     Load::Profile { name: profile, capacity: Some(capacity.rps), tokens: tokens.clone(), honour };
                 let run = ctx.phase(Spec::api(variant, phase, load)).await?;
-                let rows = report::rows(&run, Some(capacity.rps));
+                let rows = reading::rows(&run, Some(capacity.rps));
                 match phase {
                     "ramp" => v.ramp = rows,
                     "ramp-one" => v.ramp_one = rows,
@@ -319,7 +316,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
             let load = ctx.profile("lab-capacity-change", Some(capacity.rps));
             let change =
                 ctx.phase(Spec { slowdown: Some(slowdown), ..Spec::api(variant, "capacity-change", load) }).await?;
-            v.change = report::change(&change);
+            v.change = reading::change(&change);
             done.push(change);
         }
         if runs("noisy") {
@@ -337,7 +334,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
             let rate = (capacity.rps * plan.flood_share).max(1.0);
             let spec = Spec { throttles: Throttles::Flood, ..Spec::api(variant, "flood", Load::Flood { rate }) };
             let flood = ctx.phase(spec).await?;
-            v.flood = report::Flood::from_run(&flood, &ctx.tokens.noisy_tenant, rate);
+            v.flood = Flood::from_run(&flood, &ctx.tokens.noisy_tenant, rate);
             done.push(flood);
         }
         v.peak_rss_bytes = done.iter().filter_map(|p| p.cgroup_peak).max();
@@ -345,10 +342,10 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
         lab.variants.push(v);
     }
     lab.wall_s = started.elapsed().as_secs_f64();
-    lab.machine.load_average.1 = report::load_average();
+    lab.machine.load_average.1 = probes::load_average();
 
     // 3. The report.
-    report::recompute(&mut lab);
+    reading::recompute(&mut lab);
     let written = report::write(&lab, &out, perf_md.as_deref())?;
     println!("\n{}", report::summary(&lab));
     for w in written {
@@ -932,8 +929,8 @@ enum Slowing {
 
 /// What a slowdown did, for the report.
 struct Slowed {
-    burn: Option<report::BurnRecord>,
-    cap: Option<report::DbCapRecord>,
+    burn: Option<BurnRecord>,
+    cap: Option<DbCapRecord>,
 }
 
 impl Slowing {
@@ -969,11 +966,8 @@ impl Slowing {
             Self::Burning(b, running) => {
                 let done = running.stop().await;
                 log(&format!("competing load stopped ({} heavy queries ran)", done.queries));
-                let burn = report::BurnRecord {
-                    connections: b.connections,
-                    queries: done.queries,
-                    mean_query_ms: done.mean_ms,
-                };
+                let burn =
+                    BurnRecord { connections: b.connections, queries: done.queries, mean_query_ms: done.mean_ms };
                 Slowed { burn: Some(burn), cap: None }
             }
         }
@@ -1059,7 +1053,7 @@ impl DbCap {
         Ok(cap)
     }
 
-    fn stop(self) -> report::DbCapRecord {
+    fn stop(self) -> DbCapRecord {
         self.watcher.abort();
         let (stats, backends) = {
             let st = lock(&self.state);
@@ -1069,7 +1063,7 @@ impl DbCap {
             (st.group.as_ref().map(Pinned::stats).unwrap_or_default(), st.adopted.len())
         };
         let elapsed = self.started.elapsed().as_secs_f64();
-        report::DbCapRecord {
+        DbCapRecord {
             cpus: self.cpus.cores(),
             backends,
             throttled_share: stats.throttled_ratio(),
@@ -1146,8 +1140,8 @@ impl Sampler {
                 let s = XSample {
                     t_s,
                     cgroup: cgroup.as_ref().map(crate::rig::pinned::Counters::read),
-                    postgres_cpu_s: report::postgres_cpu_seconds(),
-                    machine: report::machine_jiffies(),
+                    postgres_cpu_s: probes::postgres_cpu_seconds(),
+                    machine: probes::machine_jiffies(),
                     pg_active,
                     health_ms,
                 };
