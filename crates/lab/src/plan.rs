@@ -171,6 +171,11 @@ impl Plan {
             || self.variants != every_variant()
     }
 
+    /// Whether this plan makes `phase` (one of [`PHASES`]).
+    pub(crate) fn runs(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
+
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
     pub(crate) fn profiles(&self, noisy_rps: f64, others_rps: f64) -> String {
         let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
