@@ -23,10 +23,9 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{
-    Lab, Report, can_pin, client, describe, find_api_pid, free_port, ms, open_loop, percentile, report_panics, share,
-    stop_api, tally, wait_healthy,
-};
+use super::load::{capacity, client, describe, ms, open_loop, percentile, share, tally};
+use super::testbed::{Api, Testbed, can_pin, find_api_pid, free_port, report_panics, stop_api, wait_healthy};
+use super::verdict::Report;
 
 const S: &str = "hostile-tenant";
 /// The API's `DB_POOL_SIZE` in the suite (its default).
@@ -139,14 +138,14 @@ async fn watch_bulkhead(ops: String, stop: Arc<AtomicBool>) -> (u64, u64, usize)
 /// process is pinned at the production shape, 0.25 core / 512 MiB. The debug build (CI's) runs
 /// unpinned: pinned, it is several times slower than anything deployed, and the attacker's fixed
 /// load (20 slow readers of 100-row pages) alone overloads it.
-pub(super) async fn run(lab: &Lab, release: bool, report: &mut Report) -> anyhow::Result<()> {
+pub(super) async fn run(bed: &Testbed, release: bool, report: &mut Report) -> anyhow::Result<()> {
     let pinned = release && can_pin();
-    let mut api = lab.spawn_api(free_port()?, &[], pinned)?;
+    let mut api = bed.spawn_api(free_port()?, &[], pinned)?;
     if pinned {
         api.pid = find_api_pid(api.child.id()).ok_or_else(|| anyhow::anyhow!("the pinned API's pid"))?;
     }
     wait_healthy(&api.base(), Duration::from_secs(30)).await?;
-    let capacity = lab.capacity(&api.base()).await?;
+    let capacity = capacity(&api.base(), &bed.tenants).await?;
     // The goal's load is half of capacity, at the production shape (release, pinned). The debug
     // build pays several times the release build's CPU for the same attack, on the same two cores
     // as the load and the attackers, so it runs the others at a quarter.
@@ -157,19 +156,19 @@ pub(super) async fn run(lab: &Lab, release: bool, report: &mut Report) -> anyhow
          ({share_of_capacity}x)",
         if pinned { "pinned (0.25 core, 512 MiB)" } else { "unpinned (a debug build, or not root, or no cgroups)" }
     ));
-    let result = attack(lab, &api, rate, release, report).await;
+    let result = attack(bed, &api, rate, release, report).await;
     stop_api(&mut api);
     report_panics(&api, S, report);
     result
 }
 
-async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &mut Report) -> anyhow::Result<()> {
-    let duration = Duration::from_secs(if lab.quick { 15 } else { 30 });
-    let attacker = &lab.attacker;
+async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut Report) -> anyhow::Result<()> {
+    let duration = Duration::from_secs(if bed.quick { 15 } else { 30 });
+    let attacker = &bed.attacker;
     let conv = attacker.conversations[0];
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
-    let load = open_loop(S, api.base(), lab.tenants.clone(), rate, duration, t0);
+    let load = open_loop(S, api.base(), bed.tenants.clone(), rate, duration, t0);
 
     // Stalled bodies on every write route, ten times the pool.
     let routes = [
@@ -193,8 +192,8 @@ async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &
         (0..20).map(|_| tokio::spawn(slow_reader(api.port, attacker.token.clone(), stop.clone()))).collect();
 
     // Tokens claiming the victim's tenant, signed with another key.
-    let victim = &lab.tenants[0];
-    let out = std::process::Command::new(lab.bin.join("breakwater-api"))
+    let victim = &bed.tenants[0];
+    let out = std::process::Command::new(bed.bin.join("breakwater-api"))
         .args(["token", "--tenant", &victim.tenant.to_string(), "--user", &victim.user.to_string(), "--role", "admin"])
         .env("JWT_SECRET", "a-forger-s-own-key-a-forger-s-own-key-0123456789")
         .output()?;
