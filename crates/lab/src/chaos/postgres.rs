@@ -11,8 +11,9 @@ use super::load::{Outcome, SHED_503, Sample, TYPED_503, describe, ms, open_loop,
 use super::testbed::{Api, Testbed};
 use super::verdict::Report;
 
+const S: &str = "postgres";
+
 pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Report) -> anyhow::Result<()> {
-    const S: &str = "postgres";
     let duration = Duration::from_secs(if bed.quick { 20 } else { 30 });
     let t0 = Instant::now();
     let load = open_loop("postgres", api.base(), bed.tenants.clone(), rate, duration, t0);
@@ -47,6 +48,27 @@ pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Re
         all.server_errors == 0 && all.failed == 0,
     );
 
+    let times = Times { down_from, stopped_at, restart_at, up_at };
+    while_down(&samples, api, &times, report).await;
+    after_return(&samples, &times, report);
+    nothing_lost(bed, &samples, report).await
+}
+
+/// When the fault began and ended, since the run began.
+struct Times {
+    /// The stop issued.
+    down_from: Duration,
+    /// The cluster stopped.
+    stopped_at: Duration,
+    /// The start issued.
+    restart_at: Duration,
+    /// The cluster accepting again.
+    up_at: Duration,
+}
+
+/// While the database was down: every non-2xx a typed 503, each answered quickly.
+async fn while_down(samples: &[Sample], api: &Api, times: &Times, report: &mut Report) {
+    let Times { stopped_at, restart_at, up_at, .. } = *times;
     let down: Vec<&Sample> = samples.iter().filter(|s| s.at >= stopped_at && s.at < restart_at).collect();
     let down_tally = tally(down.iter().copied());
     // Admission's refusals to a caller that came back before its `Retry-After` are held until
@@ -102,7 +124,12 @@ pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Re
         ),
         pacing.is_some() && down_max < Duration::from_secs(2) && shed_max < Duration::from_secs(2) + max_hold,
     );
+}
 
+/// "Serves normally" is judged against the same run before the fault: the same load, the same
+/// process.
+fn after_return(samples: &[Sample], times: &Times, report: &mut Report) {
+    let Times { down_from, up_at, .. } = *times;
     // "Serves normally" is judged against the same run before the fault: the same load, the same
     // process. From 5 s after the return: no database error at all, no 5xx or transport failure
     // (the first check), and admission refusing no larger a share than before the stop (at least
@@ -165,7 +192,10 @@ pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Re
             && settled_refused <= allowed
             && settled_tally.ok + settled_tally.shed + settled_tally.throttled == settled.len(),
     );
+}
 
+/// Every 201's message is in the table.
+async fn nothing_lost(bed: &Testbed, samples: &[Sample], report: &mut Report) -> anyhow::Result<()> {
     let created: Vec<Uuid> = samples
         .iter()
         .filter_map(|s| match &s.outcome {

@@ -11,31 +11,14 @@ use super::load::{Outcome, Sample, describe, ms, open_loop, posts, request_id, t
 use super::testbed::{Api, Testbed, report_panics, terminate, wait_healthy};
 use super::verdict::Report;
 
+const S: &str = "sigterm";
+
 pub(super) async fn run(bed: &Testbed, mut api: Api, rate: f64, report: &mut Report) -> anyhow::Result<Api> {
-    const S: &str = "sigterm";
     let duration = Duration::from_secs(14);
     let t0 = Instant::now();
     let load = open_loop("sigterm", api.base(), bed.tenants.clone(), rate, duration, t0);
     // Readiness and the listener, probed on a new connection each time (as a load balancer does).
-    let prober = {
-        let ops = api.ops_base();
-        tokio::spawn(async move {
-            let client =
-                reqwest::Client::builder().timeout(Duration::from_secs(2)).pool_max_idle_per_host(0).build().ok()?;
-            let mut seen = Vec::new();
-            while t0.elapsed() < duration {
-                let at = t0.elapsed();
-                let got = match client.get(format!("{ops}/ready")).send().await {
-                    Ok(r) => r.status().as_u16().to_string(),
-                    Err(e) if e.is_connect() => "refused".to_owned(),
-                    Err(e) => format!("error {e}"),
-                };
-                seen.push((at, got));
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            Some(seen)
-        })
-    };
+    let prober = tokio::spawn(probe_ready(api.ops_base(), t0, duration));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let term_at = t0.elapsed();
     terminate(&api.child)?;
@@ -78,6 +61,55 @@ pub(super) async fn run(bed: &Testbed, mut api: Api, rate: f64, report: &mut Rep
         ),
         not_ready_at.as_ref().is_some_and(|(t, g)| g == "503" && *t < closed_at),
     );
+    accepted_requests(bed, [&api, &new_api], &samples, term_at, report).await?;
+    report.check(
+        S,
+        "the old process exits cleanly within the grace period",
+        "exit 0 within 30 s of SIGTERM",
+        exit.map_or("still running after 40 s".into(), |(t, st)| {
+            format!("{st} after {}", ms(t.saturating_sub(term_at)))
+        }),
+        exit.is_some_and(|(t, st)| st.success() && t.saturating_sub(term_at) < Duration::from_secs(30)),
+    );
+    let serve_ms = serving.as_ref().map_or_else(|e| format!("{e}"), |d| ms(*d));
+    report.check(
+        S,
+        "a new process on the same port serves at once",
+        "/health 200 within 5 s of its start",
+        format!("{serve_ms} (started {} after the listener closed)", ms(spawned_at.saturating_sub(closed_at))),
+        serving.is_ok_and(|d| d <= Duration::from_secs(5)),
+    );
+    report_panics(&api, S, report);
+    Ok(new_api)
+}
+
+/// `/ready` on a new connection every 25 ms for `duration` from `t0`: when, and what it answered.
+async fn probe_ready(ops: String, t0: Instant, duration: Duration) -> Option<Vec<(Duration, String)>> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).pool_max_idle_per_host(0).build().ok()?;
+    let mut seen = Vec::new();
+    while t0.elapsed() < duration {
+        let at = t0.elapsed();
+        let got = match client.get(format!("{ops}/ready")).send().await {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(e) if e.is_connect() => "refused".to_owned(),
+            Err(e) => format!("error {e}"),
+        };
+        seen.push((at, got));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Some(seen)
+}
+
+/// Every request either process read got a complete response, and a request neither read (closed
+/// as it arrived) was not stored.
+async fn accepted_requests(
+    bed: &Testbed,
+    [api, new_api]: [&Api; 2],
+    samples: &[Sample],
+    term_at: Duration,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let all = tally(samples);
     // A failed request was accepted if a process read it: its log has the event the accept loop
     // logs as hyper hands a request to the app (at debug, enabled for both processes; either may
     // have read a request sent around the handover). One never read was not accepted: the HTTP/1.1
@@ -131,25 +163,7 @@ pub(super) async fn run(bed: &Testbed, mut api: Api, rate: f64, report: &mut Rep
         ),
         accepted.is_empty() && stored == 0 && all.server_errors == 0,
     );
-    report.check(
-        S,
-        "the old process exits cleanly within the grace period",
-        "exit 0 within 30 s of SIGTERM",
-        exit.map_or("still running after 40 s".into(), |(t, st)| {
-            format!("{st} after {}", ms(t.saturating_sub(term_at)))
-        }),
-        exit.is_some_and(|(t, st)| st.success() && t.saturating_sub(term_at) < Duration::from_secs(30)),
-    );
-    let serve_ms = serving.as_ref().map_or_else(|e| format!("{e}"), |d| ms(*d));
-    report.check(
-        S,
-        "a new process on the same port serves at once",
-        "/health 200 within 5 s of its start",
-        format!("{serve_ms} (started {} after the listener closed)", ms(spawned_at.saturating_sub(closed_at))),
-        serving.is_ok_and(|d| d <= Duration::from_secs(5)),
-    );
-    report_panics(&api, S, report);
-    Ok(new_api)
+    Ok(())
 }
 
 /// The API's log filter when the requests it reads are accounted for (see `read_request_ids`).
