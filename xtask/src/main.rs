@@ -11,7 +11,8 @@
 
 mod dev;
 
-use breakwater_lab::rig::{pinned, services};
+use breakwater_lab::rig::pinned::command as pinned;
+use breakwater_lab::rig::services;
 use breakwater_lab::{bench_queries, chaos, lab};
 use clap::{Parser, Subcommand};
 
