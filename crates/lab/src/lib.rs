@@ -6,7 +6,7 @@
 //!   (`services`).
 //! - [`plan`], [`record`], [`report`] and [`lab`]: the headline experiment (admission off, static
 //!   and adaptive at the production shape). The plan says what runs; `lab` runs it and keeps
-//!   what it measured in a [`record::LabRecord`] (`lab.json`); `report` turns a record into the
+//!   what it measured in a `record::LabRecord` (`lab.json`); `report` turns a record into the
 //!   goals table, markdown and charts without touching the machine, so a committed `lab.json`
 //!   renders the same report anywhere.
 //! - [`chaos`]: the reliability suite, one module per scenario, against private servers.

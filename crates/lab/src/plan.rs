@@ -1,6 +1,6 @@
 //! What `cargo xtask lab` runs: the runs and variants, their step sizes and durations, for the
 //! full lab, `--quick`, and experiments (`--only`, `--variants`, `--capacity`). The plan is
-//! recorded in the lab's JSON, so the report (`lab_report`) reads it from there.
+//! recorded in the lab's JSON, so the report (`report`) reads it from there.
 
 use serde::{Deserialize, Serialize};
 

@@ -8,7 +8,7 @@
 //! PostgreSQL mid-run) and a noisy-neighbour run. Beside the load lab's own server samples it
 //! samples the cgroup's throttling counters, PostgreSQL's CPU, the machine's CPU and `/health`,
 //! so that every step says what saturated. What it measured is a
-//! [`LabRecord`](crate::record::LabRecord), written by [`report`](crate::report).
+//! `record::LabRecord`, rendered by `report`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
