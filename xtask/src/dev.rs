@@ -4,7 +4,7 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::Context as _;
 
-use crate::services;
+use breakwater_lab::rig::services;
 
 /// Options of `cargo xtask dev`.
 #[derive(Debug, clap::Args)]

@@ -1,4 +1,5 @@
-//! `cargo xtask`: the project's chores, so the only tool a newcomer needs is cargo.
+//! `cargo xtask`: the project's chores, so the only tool a newcomer needs is cargo. The
+//! experiments live in the `breakwater-lab` crate (crates/lab); this is their command line.
 //!
 //! - `cargo xtask dev`: a served, seeded stack on this machine (PostgreSQL found or started,
 //!   migrated, seeded small; API and worker running; a token and a curl line printed).
@@ -9,14 +10,11 @@
 //! - `cargo xtask lab [--quick]`: the headline experiment (admission off, static, adaptive) pinned.
 //! - `cargo xtask fleet [--quick]`: pinned tasks behind HAProxy, autoscaled through a surge.
 
-mod bench_queries;
-mod chaos;
-mod fleet;
-mod lab;
-mod lab_plan;
-mod lab_report;
-mod services;
+mod dev;
 
+use breakwater_lab::rig::pinned::command as pinned;
+use breakwater_lab::rig::services;
+use breakwater_lab::{bench_queries, chaos, fleet, lab};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -53,9 +51,6 @@ enum Command {
     /// docs/PERFORMANCE.md and docs/fleet/; `--quick` for a short check). Root, like `lab`.
     Fleet(fleet::FleetArgs),
 }
-
-mod dev;
-mod pinned;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -1,10 +1,10 @@
 //! What `cargo xtask lab` runs: the runs and variants, their step sizes and durations, for the
 //! full lab, `--quick`, and experiments (`--only`, `--variants`, `--capacity`). The plan is
-//! recorded in the lab's JSON, so the report (`lab_report`) reads it from there.
+//! recorded in the lab's JSON, so the report (`report`) reads it from there.
 
 use serde::{Deserialize, Serialize};
 
-use crate::pinned::Millicores;
+use crate::rig::pinned::Millicores;
 
 /// Every run, in order: the refusal cost once, then each variant's.
 pub(crate) const PHASES: [&str; 10] = [
@@ -171,6 +171,11 @@ impl Plan {
             || self.variants != every_variant()
     }
 
+    /// Whether this plan makes `phase` (one of [`PHASES`]).
+    pub(crate) fn runs(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
+
     /// The profiles file the load lab runs (calibration, ramp, capacity change, noisy neighbour).
     pub(crate) fn profiles(&self, noisy_rps: f64, others_rps: f64) -> String {
         let secs = |s: f64| format!("{}ms", (s * 1000.0).round());
@@ -257,5 +262,13 @@ mod tests {
             assert!(profiles.contains(&format!("[profiles.{p}]")), "{p} missing from\n{profiles}");
         }
         assert!(profiles.contains("rps = 40.0"), "the others beside the flood: {profiles}");
+    }
+
+    #[test]
+    fn multiples_read_as_written() {
+        assert_eq!(multiple_label(0.25), "0.25x");
+        assert_eq!(multiple_label(2.0), "2x");
+        assert_eq!(multiple_label(1.5), "1.5x");
+        assert_eq!(multiple_label(10.0), "10x");
     }
 }

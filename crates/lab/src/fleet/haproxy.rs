@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn the_config_carries_the_target_groups_figures() {
-        let stack = Stack::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")).expect("stack");
+        let stack = Stack::load(&crate::rig::services::root()).expect("stack");
         let text = config(&stack.balancer, "127.0.0.2:8000".parse().expect("addr"), &slots(), Path::new("fleet.sock"));
         for line in [
             "balance leastconn",
@@ -122,7 +122,7 @@ mod tests {
             return;
         };
         assert!(out.status.success());
-        let stack = Stack::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")).expect("stack");
+        let stack = Stack::load(&crate::rig::services::root()).expect("stack");
         let dir = std::env::temp_dir().join(format!("bw-haproxy-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let file = dir.join("haproxy.cfg");

@@ -38,7 +38,7 @@ pub(crate) struct Costs {
 pub(crate) async fn read(redis: &str, balancer: &super::processes::Balancer) -> Reading {
     Reading {
         redis_calls: redis_commandstats(redis).await.unwrap_or_default(),
-        postgres_cpu: crate::lab_report::postgres_cpu_seconds().unwrap_or_default(),
+        postgres_cpu: crate::lab::probes::postgres_cpu_seconds().unwrap_or_default(),
         bytes_in: balancer.frontend_bytes().await.map_or(0, |b| b.0),
         bytes_out: balancer.frontend_bytes().await.map_or(0, |b| b.1),
     }

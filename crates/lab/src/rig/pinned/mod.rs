@@ -8,40 +8,24 @@
 //! SIGTERM, which are forwarded to the command's process group).
 //!
 //! The cgroup is created inside the caller's own cgroup where the hierarchy allows it, so that
-//! whatever already limits or accounts for the caller still does.
+//! whatever already limits or accounts for the caller still does. The command itself (its
+//! options, signals and summary) is [`command`].
 
 use std::ffi::OsString;
 use std::fmt;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 pub(crate) use breakwater_cgroup::{Stats, keyed, own_cgroup, parse_cpu_max, parse_cpu_stat, parse_mounts};
 
+pub mod command;
+
 /// Prefix of every cgroup this runner creates; the suffix is `<runner pid>-<sequence>`.
 const PREFIX: &str = "breakwater-pinned-";
 /// The kernel refuses CFS quotas below one millisecond.
 const MIN_QUOTA_US: u64 = 1_000;
-
-/// Options of `cargo xtask pinned`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct PinnedArgs {
-    /// CPU quota in cores (decimal, up to three places): 0.25 is a Fargate task of 256 CPU units.
-    #[arg(long, default_value = "0.25", value_parser = parse_cpus)]
-    cpus: Millicores,
-    /// Memory limit: bytes, or with a K, M or G suffix (binary units: 512M is 512 MiB). Swap is
-    /// limited to nothing, as on Fargate.
-    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
-    memory: u64,
-    /// The CFS period in microseconds (the quota is this times `--cpus`).
-    #[arg(long, default_value_t = 100_000)]
-    period_us: u64,
-    /// The command and its arguments (after `--`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
-    command: Vec<OsString>,
-}
 
 /// A CPU amount in thousandths of a core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,187 +497,9 @@ fn write(path: &Path, value: &str) -> anyhow::Result<()> {
     std::fs::write(path, value).with_context(|| format!("writing `{value}` to {}", path.display()))
 }
 
-fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
-/// Runs the command pinned, forwards signals, reports, cleans up, and exits with its status.
-pub(crate) async fn run(args: PinnedArgs) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-
-    let limits = Limits::new(args.cpus, args.period_us, args.memory)?;
-    // Registered before anything exists, so that Ctrl-C from now on cleans up instead of killing.
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let pinned = Pinned::create(limits)?;
-    eprintln!("pinned: {}", pinned.describe());
-    eprintln!("pinned: running {}", shell_words(&args.command));
-
-    let started = Instant::now();
-    let mut child = pinned.command(&args.command)?.spawn().context("starting the command")?;
-    let group = child.id().and_then(|id| i32::try_from(id).ok()).and_then(rustix::process::Pid::from_raw);
-    let forward = |sig: rustix::process::Signal, name: &str| {
-        eprintln!("pinned: {name} received, forwarding it to the command");
-        if let Some(group) = group {
-            let _ = rustix::process::kill_process_group(group, sig);
-        }
-    };
-    let status: ExitStatus = loop {
-        tokio::select! {
-            status = child.wait() => break status?,
-            _ = sigint.recv() => forward(rustix::process::Signal::INT, "SIGINT"),
-            _ = sigterm.recv() => forward(rustix::process::Signal::TERM, "SIGTERM"),
-            _ = sighup.recv() => forward(rustix::process::Signal::HUP, "SIGHUP"),
-        }
-    };
-    let elapsed = started.elapsed();
-    let stats = pinned.stats();
-    drop(pinned);
-    eprintln!("{}", report(&stats, limits, elapsed, status));
-    if status.code() == Some(125) {
-        eprintln!("pinned: exit code 125 may mean the command could not join the cgroup");
-    }
-    // Exit as the command did (128 + signal when a signal ended it, as shells do).
-    let code = status.code().or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s));
-    std::process::exit(code.unwrap_or(1));
-}
-
-/// The end-of-run summary.
-pub(crate) fn report(stats: &Stats, limits: Limits, elapsed: Duration, status: ExitStatus) -> String {
-    let wall_us = elapsed.as_micros().max(1) as f64;
-    let mut out = format!("pinned: {status} after {:.2} s", elapsed.as_secs_f64());
-    if let Some(usage) = stats.usage_us {
-        out.push_str(&format!(
-            "\npinned: cpu used {:.2} s ({:.3} cores on average, quota {:.3})",
-            usage as f64 / 1e6,
-            usage as f64 / wall_us,
-            limits.quota_us as f64 / limits.period_us as f64
-        ));
-    }
-    out.push_str(&format!(
-        "\npinned: throttled in {} of {} periods ({:.0}%), throttled time {:.2} s (as the kernel counts it)",
-        stats.nr_throttled,
-        stats.nr_periods,
-        stats.throttled_ratio() * 100.0,
-        stats.throttled_us as f64 / 1e6,
-    ));
-    out.push_str(&format!(
-        "\npinned: memory peak {} of {}",
-        stats.peak_bytes.map_or_else(|| "unknown (no memory.peak)".into(), mib),
-        mib(limits.memory_bytes)
-    ));
-    // Some kernels count an OOM kill without a failcnt; print the count only when it says something.
-    if let Some(hits) = stats.limit_hits.filter(|h| *h > 0) {
-        out.push_str(&format!(", limit hit {hits} times"));
-    }
-    if let Some(kills) = stats.oom_kills {
-        out.push_str(&format!(", {kills} OOM kills"));
-    }
-    out
-}
-
-fn shell_words(argv: &[OsString]) -> String {
-    argv.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpus_parse_exactly() {
-        assert_eq!(parse_cpus("0.25"), Ok(Millicores(250)));
-        assert_eq!(parse_cpus("1"), Ok(Millicores(1000)));
-        assert_eq!(parse_cpus("1.5"), Ok(Millicores(1500)));
-        assert_eq!(parse_cpus(".5"), Ok(Millicores(500)));
-        assert_eq!(parse_cpus("0.125"), Ok(Millicores(125)));
-        for bad in ["", ".", "0", "0.0", "-1", "0.1255", "a", "1e3", "0.2x"] {
-            assert!(parse_cpus(bad).is_err(), "{bad} should not parse");
-        }
-        assert_eq!(Millicores(250).to_string(), "0.25");
-        assert_eq!(Millicores(2000).to_string(), "2");
-    }
-
-    #[test]
-    fn sizes_parse_in_binary_units() {
-        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
-        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
-        assert_eq!(parse_bytes("2048k"), Ok(2 << 20));
-        assert_eq!(parse_bytes("536870912"), Ok(536_870_912));
-        for bad in ["", "M", "12", "1T", "-5M", "1.5G", "99999999999999999999G"] {
-            assert!(parse_bytes(bad).is_err(), "{bad} should not parse");
-        }
-    }
-
-    #[test]
-    fn the_quota_is_the_period_times_the_cores() {
-        let l = Limits::new(Millicores(250), 100_000, 512 << 20).expect("valid");
-        assert_eq!((l.quota_us, l.period_us, l.memory_bytes), (25_000, 100_000, 512 << 20));
-        let l = Limits::new(Millicores(1500), 50_000, (1 << 20) + 100).expect("valid");
-        assert_eq!((l.quota_us, l.memory_bytes), (75_000, 1 << 20), "whole pages");
-        assert!(Limits::new(Millicores(5), 100_000, 1 << 20).is_err(), "0.5 ms is below the kernel minimum");
-        assert!(Limits::new(Millicores(250), 500, 1 << 20).is_err(), "period too short");
-    }
-
-    /// Needs root and a cgroup filesystem; says why and passes otherwise.
-    fn live() -> Option<()> {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: the pinned integration check needs root");
-            return None;
-        }
-        let mounts = parse_mounts(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default());
-        if mounts.unified.is_none() && (mounts.cpu.is_none() || mounts.memory.is_none()) {
-            eprintln!("skipped: no cgroup filesystem with cpu and memory controllers");
-            return None;
-        }
-        Some(())
-    }
-
-    fn run_pinned(limits: Limits, script: &str) -> (ExitStatus, Stats, Duration) {
-        let pinned = match Pinned::create(limits) {
-            Ok(p) => p,
-            Err(e) => panic!("creating the cgroup: {e:#}"),
-        };
-        let dir = pinned.cpu.clone();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let argv: Vec<OsString> = ["sh", "-c", script].into_iter().map(OsString::from).collect();
-        let started = Instant::now();
-        let status = rt.block_on(async { pinned.command(&argv).expect("command").status().await }).expect("runs");
-        let stats = pinned.stats();
-        drop(pinned);
-        assert!(!dir.exists(), "the cgroup is removed at the end");
-        (status, stats, started.elapsed())
-    }
-
-    #[test]
-    fn a_busy_loop_is_held_to_its_quota() {
-        if live().is_none() {
-            return;
-        }
-        let limits = Limits::new(Millicores(250), 100_000, 64 << 20).expect("valid");
-        let (status, stats, elapsed) = run_pinned(limits, "timeout 1 sh -c 'while :; do :; done'; true");
-        assert!(status.success(), "{status}");
-        assert!(stats.nr_periods >= 5, "{stats:?}");
-        assert!(stats.throttled_ratio() > 0.5, "a busy loop at 0.25 core is throttled most periods: {stats:?}");
-        if let Some(usage) = stats.usage_us {
-            let cores = usage as f64 / elapsed.as_micros() as f64;
-            assert!(cores < 0.4, "used {cores:.2} cores under a 0.25 quota");
-        }
-    }
-
-    #[test]
-    fn a_memory_hog_is_stopped_at_the_limit() {
-        if live().is_none() {
-            return;
-        }
-        let limits = Limits::new(Millicores(1000), 100_000, 32 << 20).expect("valid");
-        // `tail` keeps a line in memory until its end: 128 MiB without a newline.
-        let (status, stats, _) = run_pinned(limits, "head -c 134217728 /dev/zero | tail -n 1 > /dev/null");
-        assert!(!status.success(), "the hog must not complete under 32 MiB: {status}, {stats:?}");
-        assert!(stats.peak_bytes.is_none_or(|p| p <= 32 << 20), "{stats:?}");
-        let stopped = stats.oom_kills.unwrap_or(1) > 0 || stats.limit_hits.unwrap_or(1) > 0;
-        assert!(stopped, "the kernel reports the limit at work: {stats:?}");
-    }
-}
+mod tests;

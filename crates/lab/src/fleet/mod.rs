@@ -23,14 +23,11 @@ use self::autoscaler::{Autoscaler, Event, Policy, TaskState};
 use self::haproxy::Slot;
 use self::processes::{Balancer, Launch, Proc};
 use self::record::TaskSecond;
-use crate::pinned::{Limits, Millicores, Pinned};
-use crate::services;
-
-/// Every task's memory (the stack's 256-512 tier).
-pub(crate) const MEMORY: u64 = 512 << 20;
+use crate::rig::pinned::{Limits, Millicores, Pinned};
+use crate::rig::services;
 
 #[derive(Debug, clap::Args)]
-pub(crate) struct FleetArgs {
+pub struct FleetArgs {
     /// A short run (small seed, debug builds, phases of tens of seconds, health checks every
     /// 2 s): a check that the fleet works, not a measurement.
     #[arg(long)]
@@ -109,7 +106,7 @@ fn log(msg: &str) {
     eprintln!("fleet: {msg}");
 }
 
-pub(crate) async fn run(args: FleetArgs) -> Result<()> {
+pub async fn run(args: FleetArgs) -> Result<()> {
     let root = services::root();
     let stack = stack::Stack::load(&root)?;
     ensure_haproxy()?;
@@ -141,7 +138,7 @@ pub(crate) async fn run(args: FleetArgs) -> Result<()> {
     std::fs::create_dir_all(&runs)?;
 
     let cpus = Millicores::QUARTER;
-    let pin = match Pinned::create(Limits::new(cpus, 100_000, MEMORY)?) {
+    let pin = match Pinned::create(Limits::new(cpus, 100_000, crate::lab::phase::MEMORY)?) {
         Ok(_) => true,
         Err(e) if args.quick => {
             log(&format!("WARNING: cannot pin the tasks ({e:#}); --quick goes on unpinned"));
@@ -173,13 +170,13 @@ pub(crate) async fn run(args: FleetArgs) -> Result<()> {
         anyhow::ensure!(status.success(), "the build failed");
     }
     let template = if args.quick { "breakwater_lab_quick" } else { "breakwater_lab" };
-    let seed = crate::lab::seed(&bin, &server, template, args.quick).await?;
-    let tokens = crate::lab::tokens(&services::with_database(&server, template), &runs, 1.0).await?;
+    let seed = crate::lab::dataset::seed(&bin, &server, template, args.quick).await?;
+    let tokens = crate::lab::dataset::tokens(&services::with_database(&server, template), &runs, 1.0).await?;
 
     let mut fleet = record::Fleet {
         schema: record::SCHEMA.into(),
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        commit: crate::lab::commit(&root),
+        commit: crate::lab::dataset::commit(&root),
         seed,
         pinned: pin,
         plan: plan.clone(),
@@ -515,7 +512,7 @@ impl Live<'_> {
     /// One second of every task: its CPU, admission and the balancer's view.
     async fn sample(&mut self, t: u64, http: &reqwest::Client, quota: f64, peak_rss: &mut u64) -> TaskSecond {
         let states = self.balancer.states().await.unwrap_or_default();
-        let jiffies = crate::lab_report::machine_jiffies();
+        let jiffies = crate::lab::probes::machine_jiffies();
         let machine_busy = match (self.jiffies, jiffies) {
             (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1 - b0) as f64 / (t1 - t0) as f64),
             _ => None,

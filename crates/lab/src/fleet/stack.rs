@@ -184,7 +184,7 @@ mod tests {
     use super::*;
 
     fn repo() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+        crate::rig::services::root()
     }
 
     #[test]

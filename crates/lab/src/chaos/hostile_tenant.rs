@@ -23,10 +23,9 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{
-    Lab, Report, can_pin, client, describe, find_api_pid, free_port, ms, open_loop, percentile, report_panics, share,
-    stop_api, tally, wait_healthy,
-};
+use super::load::{Sample, capacity, client, describe, ms, open_loop, percentile, share, tally};
+use super::testbed::{Api, Testbed, can_pin, find_api_pid, free_port, report_panics, stop_api, wait_healthy};
+use super::verdict::Report;
 
 const S: &str = "hostile-tenant";
 /// The API's `DB_POOL_SIZE` in the suite (its default).
@@ -139,14 +138,14 @@ async fn watch_bulkhead(ops: String, stop: Arc<AtomicBool>) -> (u64, u64, usize)
 /// process is pinned at the production shape, 0.25 core / 512 MiB. The debug build (CI's) runs
 /// unpinned: pinned, it is several times slower than anything deployed, and the attacker's fixed
 /// load (20 slow readers of 100-row pages) alone overloads it.
-pub(super) async fn run(lab: &Lab, release: bool, report: &mut Report) -> anyhow::Result<()> {
+pub(super) async fn run(bed: &Testbed, release: bool, report: &mut Report) -> anyhow::Result<()> {
     let pinned = release && can_pin();
-    let mut api = lab.spawn_api(free_port()?, &[], pinned)?;
+    let mut api = bed.spawn_api(free_port()?, &[], pinned)?;
     if pinned {
         api.pid = find_api_pid(api.child.id()).ok_or_else(|| anyhow::anyhow!("the pinned API's pid"))?;
     }
     wait_healthy(&api.base(), Duration::from_secs(30)).await?;
-    let capacity = lab.capacity(&api.base()).await?;
+    let capacity = capacity(&api.base(), &bed.tenants).await?;
     // The goal's load is half of capacity, at the production shape (release, pinned). The debug
     // build pays several times the release build's CPU for the same attack, on the same two cores
     // as the load and the attackers, so it runs the others at a quarter.
@@ -157,49 +156,25 @@ pub(super) async fn run(lab: &Lab, release: bool, report: &mut Report) -> anyhow
          ({share_of_capacity}x)",
         if pinned { "pinned (0.25 core, 512 MiB)" } else { "unpinned (a debug build, or not root, or no cgroups)" }
     ));
-    let result = attack(lab, &api, rate, release, report).await;
+    let result = attack(bed, &api, rate, release, report).await;
     stop_api(&mut api);
     report_panics(&api, S, report);
     result
 }
 
-async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &mut Report) -> anyhow::Result<()> {
-    let duration = Duration::from_secs(if lab.quick { 15 } else { 30 });
-    let attacker = &lab.attacker;
+async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut Report) -> anyhow::Result<()> {
+    let duration = Duration::from_secs(if bed.quick { 15 } else { 30 });
+    let attacker = &bed.attacker;
     let conv = attacker.conversations[0];
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
-    let load = open_loop(S, api.base(), lab.tenants.clone(), rate, duration, t0);
+    let load = open_loop(S, api.base(), bed.tenants.clone(), rate, duration, t0);
 
-    // Stalled bodies on every write route, ten times the pool.
-    let routes = [
-        ("POST", "/v1/contacts".to_owned()),
-        ("POST", "/v1/conversations".to_owned()),
-        ("PATCH", format!("/v1/conversations/{conv}")),
-        ("POST", format!("/v1/conversations/{conv}/messages")),
-    ];
-    let stallers: Vec<_> = (0..POOL * 10)
-        .map(|i| {
-            let (method, path) = &routes[i % routes.len()];
-            let head = format!(
-                "{method} {path} HTTP/1.1\r\nhost: chaos\r\nauthorization: Bearer {}\r\n\
-                 content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"bo",
-                attacker.token
-            );
-            tokio::spawn(stall(api.port, head, stop.clone()))
-        })
-        .collect();
+    let stallers = stall_every_write_route(api.port, &attacker.token, conv, &stop);
     let readers: Vec<_> =
         (0..20).map(|_| tokio::spawn(slow_reader(api.port, attacker.token.clone(), stop.clone()))).collect();
 
-    // Tokens claiming the victim's tenant, signed with another key.
-    let victim = &lab.tenants[0];
-    let out = std::process::Command::new(lab.bin.join("breakwater-api"))
-        .args(["token", "--tenant", &victim.tenant.to_string(), "--user", &victim.user.to_string(), "--role", "admin"])
-        .env("JWT_SECRET", "a-forger-s-own-key-a-forger-s-own-key-0123456789")
-        .output()?;
-    anyhow::ensure!(out.status.success(), "minting the forged token failed");
-    let forged = String::from_utf8(out.stdout)?.trim().to_owned();
+    let forged = forge_token(bed)?;
     let base = api.base();
     let forgers = tokio::spawn(burst(
         vec![format!("{base}/v1/conversations?limit=10"), format!("{base}/v1/contacts?limit=10")],
@@ -217,14 +192,7 @@ async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &
 
     let samples = load.await?;
     stop.store(true, Ordering::Relaxed);
-    let mut stalls = Stalls::default();
-    for s in stallers {
-        let s = s.await?;
-        stalls.sent += s.sent;
-        stalls.timed_out += s.timed_out;
-        stalls.longest = stalls.longest.max(s.longest);
-        stalls.other.extend(s.other.into_iter().take(3usize.saturating_sub(stalls.other.len())));
-    }
+    let stalls = sum_stalls(stallers).await?;
     let mut read = Vec::new();
     for r in readers {
         read.extend(r.await?);
@@ -233,30 +201,7 @@ async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &
     let probes = ops_probes.await?;
     let (in_use, waiting, polls) = watcher.await?;
 
-    // The other tenants.
-    let all = tally(&samples);
-    report.note(format!(
-        "{S} run: {} requests of the other tenants at {rate:.0} req/s: {}",
-        samples.len(),
-        describe(&all)
-    ));
-    let ok_share = share(all.ok, samples.len());
-    report.check(
-        S,
-        "the other tenants are served",
-        ">= 99.5% 2xx",
-        format!("{:.2}% ({} of {})", ok_share * 100.0, all.ok, samples.len()),
-        ok_share >= 0.995,
-    );
-    let p99 = percentile(samples.iter().filter(|s| s.is_2xx()).map(|s| s.took).collect(), 99);
-    let bound = if release { Duration::from_millis(200) } else { Duration::from_secs(1) };
-    report.check(
-        S,
-        "the other tenants' p99",
-        if release { "<= 200 ms" } else { "<= 1000 ms (debug build; 200 ms with --release)" },
-        ms(p99),
-        p99 <= bound,
-    );
+    other_tenants(&samples, rate, release, report);
     report.check(
         S,
         "no database slot waits on a client",
@@ -306,4 +251,81 @@ async fn attack(lab: &Lab, api: &super::Api, rate: f64, release: bool, report: &
     refused_or("forged tokens claiming the victim's tenant are refused", &forged, 401);
     refused_or("/ready, /metrics and /v1/ops/status are not on the public port", &probes, 404);
     Ok(())
+}
+
+/// Stalled bodies on every write route, ten times the pool: each connection sends its head and
+/// the start of a body, then nothing.
+fn stall_every_write_route(
+    port: u16,
+    token: &str,
+    conv: uuid::Uuid,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Stalls>> {
+    let routes = [
+        ("POST", "/v1/contacts".to_owned()),
+        ("POST", "/v1/conversations".to_owned()),
+        ("PATCH", format!("/v1/conversations/{conv}")),
+        ("POST", format!("/v1/conversations/{conv}/messages")),
+    ];
+    (0..POOL * 10)
+        .map(|i| {
+            let (method, path) = &routes[i % routes.len()];
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nhost: chaos\r\nauthorization: Bearer {token}\r\n\
+                 content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"bo"
+            );
+            tokio::spawn(stall(port, head, Arc::clone(stop)))
+        })
+        .collect()
+}
+
+/// The stalled connections' outcomes, added up.
+async fn sum_stalls(stallers: Vec<tokio::task::JoinHandle<Stalls>>) -> anyhow::Result<Stalls> {
+    let mut stalls = Stalls::default();
+    for s in stallers {
+        let s = s.await?;
+        stalls.sent += s.sent;
+        stalls.timed_out += s.timed_out;
+        stalls.longest = stalls.longest.max(s.longest);
+        stalls.other.extend(s.other.into_iter().take(3usize.saturating_sub(stalls.other.len())));
+    }
+    Ok(stalls)
+}
+
+/// A token claiming the victim's tenant, signed with another key.
+fn forge_token(bed: &Testbed) -> anyhow::Result<String> {
+    let victim = &bed.tenants[0];
+    let out = std::process::Command::new(bed.bin.join("breakwater-api"))
+        .args(["token", "--tenant", &victim.tenant.to_string(), "--user", &victim.user.to_string(), "--role", "admin"])
+        .env("JWT_SECRET", "a-forger-s-own-key-a-forger-s-own-key-0123456789")
+        .output()?;
+    anyhow::ensure!(out.status.success(), "minting the forged token failed");
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+/// The other tenants' load is served, within its latency bound.
+fn other_tenants(samples: &[Sample], rate: f64, release: bool, report: &mut Report) {
+    let all = tally(samples);
+    report.note(format!(
+        "{S} run: {} requests of the other tenants at {rate:.0} req/s: {}",
+        samples.len(),
+        describe(&all)
+    ));
+    let ok_share = share(all.ok, samples.len());
+    report.check(
+        S,
+        "the other tenants are served",
+        ">= 99.5% 2xx",
+        format!("{:.2}% ({} of {})", ok_share * 100.0, all.ok, samples.len()),
+        ok_share >= 0.995,
+    );
+    let p99 = percentile(samples.iter().filter(|s| s.is_2xx()).map(|s| s.took).collect(), 99);
+    let bound = if release { Duration::from_millis(200) } else { Duration::from_secs(1) };
+    report.check(
+        S,
+        "the other tenants' p99",
+        if release { "<= 200 ms" } else { "<= 1000 ms (debug build; 200 ms with --release)" },
+        ms(p99),
+        p99 <= bound,
+    );
 }

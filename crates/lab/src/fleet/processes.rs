@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::haproxy::Slot;
-use crate::pinned::{Counters, Limits, Millicores, Pinned};
+use crate::rig::pinned::{Counters, Limits, Millicores, Pinned};
 
 /// HAProxy, in the foreground as a child, and its runtime API.
 pub(crate) struct Balancer {
@@ -143,8 +143,11 @@ pub(crate) struct Proc {
 
 impl Proc {
     fn spawn(launch: &Launch<'_>, argv: &[std::ffi::OsString], log: &Path, env: &[(&str, String)]) -> Result<Self> {
-        let pinned =
-            if launch.pin { Some(Pinned::create(Limits::new(launch.cpus, 100_000, super::MEMORY)?)?) } else { None };
+        let pinned = if launch.pin {
+            Some(Pinned::create(Limits::new(launch.cpus, 100_000, crate::lab::phase::MEMORY)?)?)
+        } else {
+            None
+        };
         let mut cmd = match &pinned {
             Some(p) => p.command(argv)?,
             None => {

@@ -7,28 +7,28 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-/// The workspace root (xtask lives one level below it).
-pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+/// The workspace root (this crate lives at `crates/lab`, two levels below it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 /// The cargo that runs us.
-pub(crate) fn cargo() -> String {
+pub fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 /// `DATABASE_URL`, or the local default.
-pub(crate) fn database_url() -> String {
+pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| breakwater_domain::DEFAULT_DATABASE_URL.into())
 }
 
 /// `REDIS_URL`, or the local default.
-pub(crate) fn redis_url() -> String {
+pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
 /// The same server URL with another database name.
-pub(crate) fn with_database(url: &str, db: &str) -> String {
+pub fn with_database(url: &str, db: &str) -> String {
     let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
     let server = match base.rfind('/') {
         Some(i) if base[..i].contains("//") && i > base.find("//").map_or(0, |j| j + 1) => &base[..i],
@@ -61,7 +61,7 @@ fn answers(url: &str) -> bool {
 }
 
 /// Says whether Redis answers; the API serves without it (throttles fall back in-process).
-pub(crate) fn report_redis(url: &str) {
+pub fn report_redis(url: &str) {
     if !answers(url) {
         eprintln!(
             "note: no Redis at {url}: throttles will run in-process. Start one with \
@@ -72,7 +72,7 @@ pub(crate) fn report_redis(url: &str) {
 
 /// Returns a URL of a PostgreSQL that answers: the configured one, or a private throwaway
 /// cluster under `target/` when PostgreSQL's binaries are installed but nothing answers.
-pub(crate) async fn ensure_postgres(url: &str) -> anyhow::Result<String> {
+pub async fn ensure_postgres(url: &str) -> anyhow::Result<String> {
     if answers(url) {
         return Ok(url.to_owned());
     }
@@ -205,7 +205,7 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Creates the URL's database when it does not exist.
-pub(crate) async fn create_database(url: &str) -> anyhow::Result<()> {
+pub async fn create_database(url: &str) -> anyhow::Result<()> {
     use sqlx::Connection as _;
     let name = database_name(url);
     let mut admin = sqlx::PgConnection::connect(&with_database(url, "postgres")).await?;
