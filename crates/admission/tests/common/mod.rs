@@ -348,7 +348,9 @@ pub struct Honoured {
 
 /// `callers` closed-loop callers that honour `Retry-After`, as SDK retry policies do: after a
 /// refusal a caller sends nothing until the header's seconds, times a jitter factor in
-/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`.
+/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`. Its bounds
+/// and set-up repeat `spin`'s on purpose: the two differ in who the callers are and what they do
+/// with a refusal, and one function with both behaviours behind a flag read worse.
 pub async fn honour<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> Honoured
 where
     S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
