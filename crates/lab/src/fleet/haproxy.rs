@@ -55,6 +55,8 @@ pub(crate) fn config(b: &Balancer, listen: SocketAddr, slots: &[Slot], socket: &
     let _ = writeln!(c);
     let _ = writeln!(c, "frontend alb");
     let _ = writeln!(c, "    bind {listen}");
+    // As the ALB, append the client's address to X-Forwarded-For (the tasks trust one proxy).
+    let _ = writeln!(c, "    option forwardfor");
     let _ = writeln!(c, "    default_backend api");
     let _ = writeln!(c);
     let _ = writeln!(c, "backend api");
@@ -107,6 +109,7 @@ mod tests {
             "timeout client 60s",
             "timeout http-keep-alive 60s",
             "retries 0",
+            "option forwardfor",
             "bind 127.0.0.2:8000",
             "server task2 127.0.0.1:18082 check addr 127.0.0.1 port 19092 disabled",
         ] {

@@ -408,7 +408,7 @@ impl Ctx<'_> {
         let worker = Proc::worker(&launch)?;
         let mut tasks: Vec<Option<Proc>> = (0..slots.len()).map(|_| None).collect();
         for (i, slot) in slots.iter().enumerate().take(p.tasks as usize) {
-            tasks[i] = Some(Proc::api(&launch, slot, p.tasks)?);
+            tasks[i] = Some(Proc::api(&launch, slot, p.max_tasks)?);
             balancer.register(&slot.name).await?;
         }
         let live = Live {
@@ -550,7 +550,7 @@ impl Live<'_> {
         match event {
             Event::Start(i) => {
                 log(&format!("{t:>4} s: {} starts", self.slots[i].name));
-                self.tasks[i] = Some(Proc::api(&self.launch, &self.slots[i], self.scaler.desired())?);
+                self.tasks[i] = Some(Proc::api(&self.launch, &self.slots[i], self.scaler.policy().max_tasks)?);
                 self.balancer.register(&self.slots[i].name).await?;
             }
             Event::Deregister(i) => {

@@ -171,15 +171,27 @@ impl Proc {
         Ok(Self { child, pid, pinned, counters, last: None })
     }
 
-    /// An API task on `slot`, told the fleet has `tasks` tasks (its share of the throttles).
-    pub(crate) fn api(launch: &Launch<'_>, slot: &Slot, tasks: u32) -> Result<Self> {
+    /// An API task on `slot`. As in the service stack: `THROTTLE_API_TASKS` is the most tasks
+    /// that can run (the in-process fallback's share), and one proxy (the balancer) is trusted
+    /// for `X-Forwarded-For`. The throttles' limits are out of reach: the load generator is one
+    /// address, and at 2.5x two tasks' capacity the heaviest tenant is far over its plan, which
+    /// would measure the plan, not the fleet.
+    pub(crate) fn api(launch: &Launch<'_>, slot: &Slot, max_tasks: u32) -> Result<Self> {
         let argv = [launch.bin.join("breakwater-api").into_os_string(), "serve".into()];
+        let unreachable = "1000000".to_owned();
         let env = [
             ("BIND_ADDR", slot.api.to_string()),
             ("OPS_ADDR", slot.ops.to_string()),
             ("ADMISSION", launch.variant.to_owned()),
-            ("THROTTLE_API_TASKS", tasks.to_string()),
+            ("THROTTLE_API_TASKS", max_tasks.to_string()),
+            ("TRUSTED_PROXIES", "1".to_owned()),
             ("THROTTLE_KEY_PREFIX", launch.key_prefix.to_owned()),
+            ("THROTTLE_TENANT_RATE", unreachable.clone()),
+            ("THROTTLE_TENANT_BURST", unreachable.clone()),
+            ("THROTTLE_USER_RATE", unreachable.clone()),
+            ("THROTTLE_USER_BURST", unreachable.clone()),
+            ("THROTTLE_IP_RATE", unreachable.clone()),
+            ("THROTTLE_IP_BURST", unreachable),
             ("TOKIO_WORKER_THREADS", "1".to_owned()),
             ("SHUTDOWN_GRACE_SECS", "10".to_owned()),
         ];

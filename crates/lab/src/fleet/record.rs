@@ -271,7 +271,7 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
         m,
         "Measured {} at `{}`{}: {} tasks at the start, at most {}, each {}; one task's capacity {:.0} req/s ({}). \
          Load: {}x two tasks' capacity for {} s, {}x for {} s, {}x for {} s, {:.0}% of it from clients that honour \
-         Retry-After. Autoscaler: the stack's CPU target, periods of {} s, {} over the target to scale out, a start \
+         Retry-After; the throttles' limits out of reach (one generator address; a plan is not what this measures). Autoscaler: the stack's CPU target, periods of {} s, {} over the target to scale out, a start \
          delay of {} s; health checks every {} s.\n",
         fleet.date,
         fleet.commit,
