@@ -162,7 +162,7 @@ def same_shape_everywhere(c: Checks) -> None:
     text = Path("infra/cloudformation/service.yaml").read_text()
     tier = re.search(r"TaskSize:\s*\n\s*Type: String\s*\n\s*Default: (\S+)", text)
     c.check(tier is not None and tier.group(1) == "256-512", "the ECS API task defaults to 256 CPU / 512 MiB (0.25 vCPU)")
-    pinned = Path("xtask/src/pinned.rs").read_text()
+    pinned = Path("crates/lab/src/rig/pinned/command.rs").read_text()
     c.check(
         'default_value = "0.25"' in pinned and 'default_value = "512M"' in pinned,
         "cargo xtask pinned defaults to 0.25 core and 512M",
