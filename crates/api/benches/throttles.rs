@@ -32,7 +32,7 @@ fn bench(c: &mut Criterion) {
     let ip: IpAddr = [127, 0, 0, 1].into();
     let mut group = c.benchmark_group("throttle_check");
 
-    let redis = breakwater_api::redis::pool(&url).expect("redis url");
+    let redis = breakwater_api::redis::pool(&url, false).expect("redis url");
     let live = Throttles::new(settings(&format!("bench-{}", Uuid::now_v7())), redis.clone());
     if rt.block_on(breakwater_api::redis::ping(&redis, Duration::from_millis(500))) {
         group.bench_function("redis_loopback", |b| b.iter(|| rt.block_on(live.check(tenant, user, ip))));
@@ -42,7 +42,8 @@ fn bench(c: &mut Criterion) {
     }
 
     // Nothing listens on port 1: the breaker opens after three failures, then every check is local.
-    let down = Throttles::new(settings("bench-down"), breakwater_api::redis::pool("redis://127.0.0.1:1").expect("url"));
+    let down =
+        Throttles::new(settings("bench-down"), breakwater_api::redis::pool("redis://127.0.0.1:1", false).expect("url"));
     for _ in 0..5 {
         rt.block_on(down.check(tenant, user, ip));
     }

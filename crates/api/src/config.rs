@@ -141,9 +141,14 @@ pub struct Config {
     /// scraper only (docs/OPERATIONS.md, "The ops listener"). Port 0 picks a free port.
     #[arg(long, env = "OPS_ADDR", default_value = "127.0.0.1:9090")]
     pub ops_addr: SocketAddr,
-    /// Redis connection string (throttles; the API serves without it).
+    /// Redis connection string (throttles; the API serves without it); with `REDIS_CLUSTER`,
+    /// a Redis Cluster's seed nodes, comma-separated.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// Whether `REDIS_URL` is a Redis Cluster: then it names one or more seed nodes,
+    /// comma-separated (ElastiCache with cluster mode on: its configuration endpoint).
+    #[arg(long, env = "REDIS_CLUSTER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub redis_cluster: bool,
     /// HS256 secret for the agents' JWTs.
     #[arg(long, env = "JWT_SECRET", default_value = DEV_JWT_SECRET, hide_env_values = true, hide_default_value = true)]
     pub jwt_secret: SecretString,

@@ -259,7 +259,7 @@ pub async fn start_with_pool(
     let addr = listener.local_addr()?;
     let ops_listener = TcpListener::bind(config.ops_addr).await?;
     let ops_addr = ops_listener.local_addr()?;
-    let redis = redis::pool(&config.redis_url)?;
+    let redis = redis::pool(&config.redis_url, config.redis_cluster)?;
     let state = AppState::new(config, pool, redis)?;
     throttle::spawn_override_refresh(state.throttles.clone(), state.pool.clone(), Duration::from_secs(30));
     let options = server::ServeOptions {

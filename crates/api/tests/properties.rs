@@ -45,7 +45,7 @@ fn state() -> &'static breakwater_api::AppState {
         ])
         .expect("config");
         let pool = config.db.pool().expect("lazy pool");
-        let redis = breakwater_api::redis::pool(&config.redis_url).expect("redis pool");
+        let redis = breakwater_api::redis::pool(&config.redis_url, config.redis_cluster).expect("redis pool");
         breakwater_api::AppState::new(config, pool, redis).expect("state")
     })
 }

@@ -252,6 +252,138 @@ async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool)
     }
 }
 
+/// A private three-shard Redis Cluster (no replicas), torn down when dropped.
+struct PrivateCluster {
+    ports: Vec<u16>,
+    nodes: Vec<Child>,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateCluster {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("breakwater-cluster-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut nodes = Vec::new();
+        for p in &ports {
+            let conf = dir.join(format!("nodes-{p}.conf"));
+            nodes.push(
+                Command::new("redis-server")
+                    .args(["--port", &p.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                    .arg(&conf)
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("redis-server is installed"),
+            );
+        }
+        let cluster = Self { ports, nodes, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for p in &cluster.ports {
+            while std::net::TcpStream::connect(("127.0.0.1", *p)).is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let addrs: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed");
+        assert!(out.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for p in &cluster.ports {
+            loop {
+                let info = Command::new("redis-cli").args(["-p", &p.to_string(), "cluster", "info"]).output();
+                if info.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok")) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        cluster
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for c in &mut self.nodes {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// With `REDIS_CLUSTER=true` the throttles run on a Redis Cluster: a tenant's buckets in one
+/// slot, its client's IP bucket in another (a pipeline across slots is refused by a cluster),
+/// and two processes still share the bucket exactly.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_redis_cluster_holds_the_shared_bucket_exactly(pool: PgPool) {
+    let cluster = PrivateCluster::start();
+    let seeds = cluster.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let prefix = format!("test-{}", uuid::Uuid::now_v7());
+    let args = [
+        "--redis-url",
+        &seeds,
+        "--redis-cluster",
+        "true",
+        "--throttle-tenant-rate",
+        "5",
+        "--throttle-tenant-burst",
+        "3",
+        "--throttle-key-prefix",
+        &prefix,
+    ];
+    let a = spawn_unheld(pool.clone(), &args).await;
+    let b = spawn_unheld(pool.clone(), &args).await;
+    let hammer = tenant(&pool, "Cluster Hammer").await;
+    let mut others = Vec::new();
+    for i in 0..6 {
+        others.push(tenant(&pool, &format!("Cluster {i}")).await);
+    }
+
+    let started = Instant::now();
+    let (mut admitted, mut refused) = (0u64, 0u64);
+    let mut i = 0u64;
+    while started.elapsed() < Duration::from_millis(2_000) {
+        let app = if i.is_multiple_of(2) { &a } else { &b };
+        i += 1;
+        match app.get("/v1/contacts?limit=1", &hammer.token).await.status {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let expected = 3 + u64::try_from(started.elapsed().as_millis() * 5 / 1000).expect("small");
+    assert!(refused > 0, "the hammer was never refused");
+    assert!(admitted.abs_diff(expected) <= 1, "admitted {admitted}, expected {expected} (±1)");
+    // Tenants hashed over the shards are each served from their own buckets.
+    for t in &others {
+        assert_eq!(a.get("/v1/contacts?limit=1", &t.token).await.status, StatusCode::OK);
+    }
+    for app in [&a, &b] {
+        let s = app.ops("/v1/ops/status").await.body["layers"]["throttles"].clone();
+        assert_eq!(s["state"], "ok", "{s}");
+        assert_eq!((s["fallback_checks"].as_u64(), s["redis_errors"].as_u64()), (Some(0), Some(0)), "{s}");
+    }
+    let keys = cluster
+        .ports
+        .iter()
+        .filter(|p| {
+            let out = Command::new("redis-cli").args(["-p", &p.to_string(), "dbsize"]).output().expect("redis-cli");
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap_or(0) > 0
+        })
+        .count();
+    assert!(keys >= 2, "the buckets should spread over the shards; {keys} of 3 hold keys");
+}
+
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn the_fallback_divides_the_limit_by_the_task_count(pool: PgPool) {
     // No Redis at all: the in-process bucket holds burst 6 / 3 tasks = 2.

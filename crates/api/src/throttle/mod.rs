@@ -3,7 +3,9 @@
 //!
 //! One Lua script (GCRA, on Redis's clock) checks the tenant and user buckets together in one
 //! round trip; their keys are hash-tagged with the tenant so they share a cluster slot. The
-//! per-IP bucket cannot share that slot, so it is a second call in the same pipeline. The
+//! per-IP bucket cannot share that slot, so it is a second call in the same pipeline (on a
+//! Redis Cluster, `REDIS_CLUSTER`, a second call sent at the same time: a cluster refuses a
+//! pipeline across slots). The
 //! script is loaded once and called with `EVALSHA` (reloaded on `NOSCRIPT`); limits travel as
 //! `ARGV`, never spliced into the script.
 //!
@@ -36,7 +38,7 @@ use breakwater_domain::{TenantId, UserId};
 use deadpool_redis::redis;
 use serde::Serialize;
 
-use crate::redis::RedisPool;
+use crate::redis::{RedisConnection, RedisPool};
 use breaker::Breaker;
 pub use gcra::Limit;
 
@@ -206,6 +208,22 @@ pub struct RefusedTotals {
     pub user: u64,
     /// By the IP bucket.
     pub ip: u64,
+}
+
+/// One `EVALSHA` of the script, loading it first when this Redis (or shard) has not seen it.
+async fn evalsha<C: redis::aio::ConnectionLike + Send>(conn: &mut C, cmd: &redis::Cmd) -> redis::RedisResult<Vec<i64>> {
+    match cmd.query_async(conn).await {
+        Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
+            load_script(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// `SCRIPT LOAD` (on a cluster, the client sends it to every primary).
+async fn load_script<C: redis::aio::ConnectionLike + Send>(conn: &mut C) -> redis::RedisResult<()> {
+    redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<redis::Value>(conn).await.map(drop)
 }
 
 fn now_us() -> i64 {
@@ -391,26 +409,36 @@ impl Throttles {
         ip_key: &str,
         ip_limit: (KeyKind, Limit),
     ) -> redis::RedisResult<Decision> {
-        let mut conn = self
-            .redis
-            .get()
-            .await
-            .map_err(|e| redis::RedisError::from((redis::ErrorKind::IoError, "pool", e.to_string())))?;
-        let mut pipe = redis::pipe();
+        let mut conn = self.redis.get().await?;
         let hash = self.script.get_hash();
-        pipe.cmd("EVALSHA").arg(hash).arg(2).arg(&keys[0]).arg(&keys[1]);
+        let mut tenant = redis::cmd("EVALSHA");
+        tenant.arg(hash).arg(2).arg(&keys[0]).arg(&keys[1]);
         for (_, l) in limits {
-            pipe.arg(l.interval_us()).arg(l.tolerance_us());
+            tenant.arg(l.interval_us()).arg(l.tolerance_us());
         }
-        pipe.cmd("EVALSHA").arg(hash).arg(1).arg(ip_key).arg(ip_limit.1.interval_us()).arg(ip_limit.1.tolerance_us());
-        let replies: Vec<Vec<i64>> = match pipe.query_async(&mut conn).await {
-            Ok(r) => r,
-            Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                // First call on this Redis (or after a restart/flush): load once, then retry.
-                redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<String>(&mut conn).await?;
-                pipe.query_async(&mut conn).await?
+        let mut ip = redis::cmd("EVALSHA");
+        ip.arg(hash).arg(1).arg(ip_key).arg(ip_limit.1.interval_us()).arg(ip_limit.1.tolerance_us());
+        let replies: Vec<Vec<i64>> = match &mut conn {
+            RedisConnection::Cluster(c) => {
+                // Two slots, perhaps two shards: a cluster refuses a pipeline across slots, so
+                // the two calls go out at once on the multiplexed connection instead.
+                let mut other = redis::cluster_async::ClusterConnection::clone(c);
+                let (a, b) = tokio::join!(evalsha(&mut **c, &tenant), evalsha(&mut other, &ip));
+                vec![a?, b?]
             }
-            Err(err) => return Err(err),
+            RedisConnection::Single(c) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(tenant).add_command(ip);
+                match pipe.query_async(c).await {
+                    Ok(r) => r,
+                    Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
+                        // First call on this Redis (or after a restart/flush): load, retry.
+                        load_script(c).await?;
+                        pipe.query_async(c).await?
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
         };
         let kinds = [limits[0], limits[1]];
         let [first, second] = replies.as_slice() else {
