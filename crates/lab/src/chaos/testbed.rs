@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use uuid::Uuid;
 
 use super::verdict::Report;
-use crate::rig::services::{self, Cluster};
+use crate::rig::services::{self, Cluster, RedisServer};
 
 pub(super) const SECRET: &str = "chaos-suite-secret-chaos-suite-secret-0123456789";
 
@@ -19,7 +19,7 @@ pub(super) struct Testbed {
     pub(super) dir: PathBuf,
     pub(super) pg: Cluster,
     pub(super) redis_port: u16,
-    pub(super) redis: Option<Child>,
+    pub(super) redis: Option<RedisServer>,
     pub(super) bin: PathBuf,
     pub(super) db_url: String,
     pub(super) prefix: String,
@@ -61,10 +61,7 @@ impl Api {
 
 impl Drop for Testbed {
     fn drop(&mut self) {
-        if let Some(mut r) = self.redis.take() {
-            let _ = r.kill();
-            let _ = r.wait();
-        }
+        self.redis = None;
         let _ = self.pg.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -114,27 +111,12 @@ impl Testbed {
     }
 
     pub(super) fn start_redis(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.dir.join("redis.log"))?;
-        let child = Command::new("redis-server")
-            .args(["--port", &self.redis_port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(log)
-            .stderr(Stdio::null())
-            .spawn()
-            .context("redis-server (install Redis: apt-get install redis-server)")?;
-        self.redis = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", self.redis_port)).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.redis = Some(RedisServer::start(self.redis_port, &self.dir.join("redis.log"))?);
         Ok(())
     }
 
     pub(super) fn kill_redis(&mut self) {
-        if let Some(mut r) = self.redis.take() {
-            let _ = r.kill();
-            let _ = r.wait();
-        }
+        self.redis = None;
     }
 
     /// Starts the API on `port`, logging JSON to a file; under `cargo xtask pinned` when asked.

@@ -10,6 +10,7 @@ pub(crate) mod haproxy;
 mod processes;
 pub(crate) mod record;
 pub(crate) mod stack;
+mod throttles;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -51,9 +52,13 @@ pub struct FleetArgs {
     /// capacity, docs/lab/lab.json; 60 with --quick].
     #[arg(long)]
     capacity: Option<f64>,
-    /// Admission variants, one fleet after the other.
+    /// Admission variants of the surge, one fleet after the other.
     #[arg(long, value_delimiter = ',', default_value = "adaptive,off")]
     variants: Vec<String>,
+    /// The experiments: `surge` (the autoscaling minute, per variant) and `throttles` (the
+    /// most tasks sharing one tenant's limit through Redis, then Redis killed halfway).
+    #[arg(long, value_delimiter = ',', default_value = "surge,throttles")]
+    experiments: Vec<String>,
     /// The first of the ports the balancer and the tasks listen on (127.0.0.1).
     #[arg(long, default_value_t = 18_300)]
     port: u16,
@@ -182,29 +187,61 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         plan: plan.clone(),
         stack: stack.clone(),
         runs: Vec::new(),
+        throttles: None,
     };
-    for variant in &args.variants {
-        anyhow::ensure!(["adaptive", "static", "off"].contains(&variant.as_str()), "unknown variant {variant:?}");
-        let db = format!("{template}_fleet");
-        fresh_copy(&server, template, &db).await?;
-        let ctx = Ctx {
-            server: server.clone(),
-            bin: &bin,
-            runs: &runs,
-            db_url: services::with_database(&server, &db),
-            tokens: &tokens.path,
-            variant,
-            plan: &plan,
-            stack: &stack,
-            port: args.port,
-            pin,
-            cpus,
-            key_prefix: format!("bwfleet{}{variant}", std::process::id()),
+    for e in &args.experiments {
+        anyhow::ensure!(["surge", "throttles"].contains(&e.as_str()), "unknown experiment {e:?} (surge, throttles)");
+    }
+    let wants = |e: &str| args.experiments.iter().any(|x| x == e);
+    let variants: &[String] = if wants("surge") { &args.variants } else { &[] };
+    let ctx = |variant: &'static str, db: &str| Ctx {
+        server: server.clone(),
+        bin: &bin,
+        runs: &runs,
+        db_url: services::with_database(&server, db),
+        tokens: &tokens.path,
+        variant,
+        plan: &plan,
+        stack: &stack,
+        port: args.port,
+        pin,
+        cpus,
+        redis_url: services::redis_url(),
+        key_prefix: format!("bwfleet{}{variant}", std::process::id()),
+    };
+    let db = format!("{template}_fleet");
+    for variant in variants {
+        let variant: &'static str = match variant.as_str() {
+            "adaptive" => "adaptive",
+            "static" => "static",
+            "off" => "off",
+            other => anyhow::bail!("unknown variant {other:?} (adaptive, static, off)"),
         };
-        let run = ctx.run().await.with_context(|| format!("the {variant} fleet"))?;
+        fresh_copy(&server, template, &db).await?;
+        let run = ctx(variant, &db).run().await.with_context(|| format!("the {variant} fleet"))?;
         log(&record::summary(&plan, &run, stack.balancer.deregistration_delay.as_secs()));
         record::check(&run)?;
         fleet.runs.push(run);
+    }
+    if wants("throttles") {
+        fresh_copy(&server, template, &db).await?;
+        let tenants =
+            breakwater_loadlab::tokens::Tokens::from_file(&tokens.path, breakwater_loadlab::tokens::DEV_SECRET)?;
+        let (_, tenant) = tenants.heaviest().context("no tenants in the tokens file")?;
+        let t = ctx("adaptive", &db).throttles(plan.max_tasks, tenant).await.context("the throttles' run")?;
+        let goals = t.goals();
+        for (goal, measured, met) in &goals {
+            log(&format!("throttles: {goal}: {measured}{}", if *met { "" } else { "  (MISSED)" }));
+        }
+        // The first goal (exact to +-1 while Redis is up) is a timing and reported; the others
+        // (the fleet within the limit without Redis, Retry-After on every 429, nothing failed,
+        // every task fell back) are correctness, and a run that misses one fails.
+        let broken: Vec<&str> = goals.iter().skip(1).filter(|g| !g.2).map(|g| g.0.as_str()).collect();
+        fleet.throttles = Some(t);
+        if !broken.is_empty() {
+            record::write(&fleet, &out_dir, None)?;
+            anyhow::bail!("the fleet-wide throttles missed: {}", broken.join("; "));
+        }
     }
     let written = record::write(&fleet, &out_dir, (!args.quick).then(|| root.join("docs/PERFORMANCE.md")).as_deref())?;
     for w in written {
@@ -252,6 +289,11 @@ async fn fresh_copy(server: &str, template: &str, db: &str) -> Result<()> {
     Ok(())
 }
 
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 struct Ctx<'a> {
     /// The PostgreSQL server's URL (its maintenance database).
     server: String,
@@ -265,7 +307,8 @@ struct Ctx<'a> {
     port: u16,
     pin: bool,
     cpus: Millicores,
-    /// The throttles' Redis keys: one prefix for the whole fleet, as its tasks share them.
+    /// The Redis the tasks share, and their keys' prefix (one for the whole fleet).
+    redis_url: String,
     key_prefix: String,
 }
 
@@ -324,8 +367,11 @@ impl Ctx<'_> {
             bin: self.bin,
             runs: self.runs,
             db_url: &self.db_url,
-            variant: self.variant,
+            name: self.variant,
+            admission: self.variant,
+            redis_url: &self.redis_url,
             key_prefix: &self.key_prefix,
+            tenant_limit: None,
             pin: self.pin,
             cpus: self.cpus,
         }
@@ -358,7 +404,7 @@ impl Ctx<'_> {
             .max_connections(1)
             .connect(&services::with_database(&self.server, "postgres"))
             .await?;
-        let before = costs::read(&services::redis_url(), &live.balancer).await;
+        let before = costs::read(&self.redis_url, &live.balancer).await;
         let outs = [
             self.runs.join(format!("{}-load.json", self.variant)),
             self.runs.join(format!("{}-honouring.json", self.variant)),
@@ -369,7 +415,7 @@ impl Ctx<'_> {
             loads.push(self.loadlab(i == 1, out).stderr(log).spawn().context("starting loadlab")?);
         }
         let drove = self.drive(&mut live, &mut loads, &admin).await;
-        let after = costs::read(&services::redis_url(), &live.balancer).await;
+        let after = costs::read(&self.redis_url, &live.balancer).await;
         let decisions =
             live.scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu.is_finite().then_some(d.cpu))).collect();
         live.stop().await;
@@ -420,19 +466,13 @@ impl Ctx<'_> {
             launch,
             jiffies: None,
         };
-        let deadline = Instant::now() + Duration::from_secs(60 + 3 * p.health_interval_s);
-        loop {
-            let states = live.balancer.states().await?;
-            let up = |s: &Slot| states.get(&s.name).is_some_and(|st| st.starts_with("UP"));
-            if live.slots.iter().take(p.tasks as usize).all(up) {
-                return Ok(live);
-            }
-            if Instant::now() > deadline {
-                live.stop().await;
-                anyhow::bail!("the first tasks did not pass their health checks: {states:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        let first: Vec<&str> = live.slots.iter().take(p.tasks as usize).map(|s| s.name.as_str()).collect();
+        let within = Duration::from_secs(60 + 3 * p.health_interval_s);
+        if let Err(e) = live.balancer.wait_up(&first, within).await {
+            live.stop().await;
+            return Err(e.context("the first tasks"));
         }
+        Ok(live)
     }
 
     /// Every second until the load ends: samples each task, feeds the autoscaler and carries

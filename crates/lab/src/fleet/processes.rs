@@ -103,6 +103,21 @@ impl Balancer {
         Ok(out)
     }
 
+    /// Waits until every one of `slots` is `UP` (its health checks passed), for at most `within`.
+    pub(crate) async fn wait_up(&self, slots: &[&str], within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let states = self.states().await?;
+            if slots.iter().all(|s| states.get(*s).is_some_and(|st| st.starts_with("UP"))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("tasks did not pass their health checks within {} s: {states:?}", within.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// Bytes into and out of the frontend so far.
     pub(crate) async fn frontend_bytes(&self) -> Option<(u64, u64)> {
         let csv = self.command("show stat").await.ok()?;
@@ -126,8 +141,16 @@ pub(crate) struct Launch<'a> {
     pub(crate) bin: &'a Path,
     pub(crate) runs: &'a Path,
     pub(crate) db_url: &'a str,
-    pub(crate) variant: &'a str,
+    /// The run's name: its processes' logs are `<name>-<task>.log`.
+    pub(crate) name: &'a str,
+    /// `ADMISSION`: `adaptive`, `static` or `off`.
+    pub(crate) admission: &'a str,
+    /// The Redis every task shares.
+    pub(crate) redis_url: &'a str,
     pub(crate) key_prefix: &'a str,
+    /// The tenant limit every task holds (rate per second, burst), or `None` for limits out of
+    /// reach.
+    pub(crate) tenant_limit: Option<(f64, u32)>,
     pub(crate) pin: bool,
     pub(crate) cpus: Millicores,
 }
@@ -173,21 +196,25 @@ impl Proc {
 
     /// An API task on `slot`. As in the service stack: `THROTTLE_API_TASKS` is the most tasks
     /// that can run (the in-process fallback's share), and one proxy (the balancer) is trusted
-    /// for `X-Forwarded-For`. The throttles' limits are out of reach: the load generator is one
-    /// address, and at 2.5x two tasks' capacity the heaviest tenant is far over its plan, which
-    /// would measure the plan, not the fleet.
+    /// for `X-Forwarded-For`. Without a tenant limit, the throttles' limits are out of reach:
+    /// the load generator is one address, and at 2.5x two tasks' capacity the heaviest tenant
+    /// is far over its plan, which would measure the plan, not the fleet.
     pub(crate) fn api(launch: &Launch<'_>, slot: &Slot, max_tasks: u32) -> Result<Self> {
         let argv = [launch.bin.join("breakwater-api").into_os_string(), "serve".into()];
         let unreachable = "1000000".to_owned();
+        let (tenant_rate, tenant_burst) = launch
+            .tenant_limit
+            .map_or_else(|| (unreachable.clone(), unreachable.clone()), |(r, b)| (r.to_string(), b.to_string()));
         let env = [
             ("BIND_ADDR", slot.api.to_string()),
             ("OPS_ADDR", slot.ops.to_string()),
-            ("ADMISSION", launch.variant.to_owned()),
+            ("ADMISSION", launch.admission.to_owned()),
+            ("REDIS_URL", launch.redis_url.to_owned()),
             ("THROTTLE_API_TASKS", max_tasks.to_string()),
             ("TRUSTED_PROXIES", "1".to_owned()),
             ("THROTTLE_KEY_PREFIX", launch.key_prefix.to_owned()),
-            ("THROTTLE_TENANT_RATE", unreachable.clone()),
-            ("THROTTLE_TENANT_BURST", unreachable.clone()),
+            ("THROTTLE_TENANT_RATE", tenant_rate),
+            ("THROTTLE_TENANT_BURST", tenant_burst),
             ("THROTTLE_USER_RATE", unreachable.clone()),
             ("THROTTLE_USER_BURST", unreachable.clone()),
             ("THROTTLE_IP_RATE", unreachable.clone()),
@@ -195,13 +222,14 @@ impl Proc {
             ("TOKIO_WORKER_THREADS", "1".to_owned()),
             ("SHUTDOWN_GRACE_SECS", "10".to_owned()),
         ];
-        Self::spawn(launch, &argv, &launch.runs.join(format!("{}-{}.log", launch.variant, slot.name)), &env)
+        Self::spawn(launch, &argv, &launch.runs.join(format!("{}-{}.log", launch.name, slot.name)), &env)
     }
 
     /// The worker, as the service stack's one worker task.
     pub(crate) fn worker(launch: &Launch<'_>) -> Result<Self> {
         let argv = [launch.bin.join("breakwater-worker").into_os_string()];
-        Self::spawn(launch, &argv, &launch.runs.join(format!("{}-worker.log", launch.variant)), &[])
+        let env = [("REDIS_URL", launch.redis_url.to_owned())];
+        Self::spawn(launch, &argv, &launch.runs.join(format!("{}-worker.log", launch.name)), &env)
     }
 
     /// CPU used since the last call, as a share of one task's quota (`None` unpinned, or at the

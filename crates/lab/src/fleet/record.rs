@@ -29,6 +29,9 @@ pub(crate) struct Fleet {
     pub(crate) plan: Plan,
     pub(crate) stack: Stack,
     pub(crate) runs: Vec<Run>,
+    /// The fleet-wide throttles' run, when it was asked for.
+    #[serde(default)]
+    pub(crate) throttles: Option<super::throttles::Record>,
 }
 
 /// One variant's fleet.
@@ -315,6 +318,9 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
             g.drain_failures.map_or_else(|| "no scale-in".into(), |n| n.to_string()),
         );
     }
+    if let Some(t) = &fleet.throttles {
+        let _ = writeln!(m, "\n{}", t.markdown());
+    }
     let _ = writeln!(m, "\nWhat a request cost the shared components (the capacity model's inputs, docs/DEPLOY.md):\n");
     let _ = writeln!(
         m,
@@ -342,9 +348,9 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
         let _ = writeln!(m, "\n**{}**, every ten seconds:\n", run.variant);
         let _ = writeln!(
             m,
-            "| s | phase | offered/s | 2xx/s | refused/s | failed/s | worst 2xx p99 | tasks ready / desired | CPU per task | limit per task |"
+            "| s | phase | offered/s | 2xx/s | refused/s | failed/s | worst 2xx p99 | tasks ready / desired | CPU per task | limit per task | machine's CPU busy |"
         );
-        let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|");
         for chunk in run.seconds.chunks(10) {
             let n = chunk.len() as f64;
             let sum = |f: &dyn Fn(&Second) -> u64| chunk.iter().map(f).sum::<u64>() as f64 / n;

@@ -232,3 +232,43 @@ mod tests {
         assert_eq!(database_name("postgres://u@h:5432/app?x=1"), "app");
     }
 }
+
+/// A private `redis-server` on 127.0.0.1, for experiments that kill Redis (the shared one is
+/// left alone). Killed when dropped.
+#[derive(Debug)]
+pub(crate) struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts one on `port` (no persistence), its log in `log`; waits until it listens.
+    pub(crate) fn start(port: u16, log: &Path) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(log)?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(log)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("redis-server (install Redis: apt-get install redis-server)")?;
+        let server = Self { child, port };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "redis-server did not start on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+
+    /// Its URL.
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
