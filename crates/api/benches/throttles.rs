@@ -1,5 +1,5 @@
 //! The throttles' cost per request: one pipelined round trip to Redis on loopback (the tenant +
-//! user script and the IP script), against the in-process fallback.
+//! user script and the IP script), alone and 64 at once, against the in-process fallback.
 //!
 //! `cargo bench -p breakwater-api --bench throttles` (needs Redis at `REDIS_URL`, default
 //! `redis://127.0.0.1:6379`; the Redis case is skipped when none answers).
@@ -36,6 +36,12 @@ fn bench(c: &mut Criterion) {
     let live = Throttles::new(settings(&format!("bench-{}", Uuid::now_v7())), redis.clone());
     if rt.block_on(breakwater_api::redis::ping(&redis, Duration::from_millis(500))) {
         group.bench_function("redis_loopback", |b| b.iter(|| rt.block_on(live.check(tenant, user, ip))));
+        // 64 requests checking at once, as on a busy task: what the connections to Redis cost
+        // when calls overlap (one time per batch of 64).
+        let users: Vec<UserId> = (0..64).map(|_| UserId(Uuid::now_v7())).collect();
+        group.bench_function("redis_loopback_64_at_once", |b| {
+            b.iter(|| rt.block_on(futures_util::future::join_all(users.iter().map(|u| live.check(tenant, *u, ip)))));
+        });
         assert!(!live.is_degraded(), "Redis fell back during the benchmark");
     } else {
         eprintln!("no Redis at {url}: skipping the Redis case");

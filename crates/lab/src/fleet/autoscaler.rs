@@ -109,6 +109,13 @@ impl Autoscaler {
         &self.tasks
     }
 
+    /// The most tasks that exist at once: the maximum running or pending, and beside them the
+    /// ones still draining from a scale-in (at most the maximum less the minimum), as an ECS
+    /// service starts new tasks while deregistered ones drain.
+    pub(crate) fn slots(policy: &Policy) -> u32 {
+        policy.max_tasks + policy.max_tasks.saturating_sub(policy.min_tasks)
+    }
+
     /// The desired count: tasks pending or running.
     pub(crate) fn desired(&self) -> u32 {
         let n = self.tasks.iter().filter(|t| matches!(t, TaskState::Pending { .. } | TaskState::Running)).count();
@@ -134,7 +141,12 @@ impl Autoscaler {
         if self.above >= p.out_periods && cooled(self.last_out_s, p.out_cooldown) && current < p.max_tasks {
             let to = proportional.max(current + 1).min(p.max_tasks);
             for _ in current..to {
-                self.tasks.push(TaskState::Pending { starts_at_s: now_s + p.start_delay.as_secs() });
+                let pending = TaskState::Pending { starts_at_s: now_s + p.start_delay.as_secs() };
+                // A stopped task's slot is used again, so a fleet needs at most `slots()`.
+                match self.tasks.iter().position(|t| *t == TaskState::Stopped) {
+                    Some(i) => self.tasks[i] = pending,
+                    None => self.tasks.push(pending),
+                }
             }
             self.last_out_s = Some(now_s);
             self.decisions.push(Decision { at_s: now_s, from: current, to, cpu });
@@ -303,6 +315,37 @@ mod tests {
         script(&mut b, &[0.5, 0.5, 0.5, 0.5]);
         let at: Vec<(u64, u32, u32)> = b.decisions.iter().map(|d| (d.at_s, d.from, d.to)).collect();
         assert_eq!(at, vec![(60, 3, 2), (240, 2, 1)], "the second scale-in waits 180 s after the first");
+    }
+
+    #[test]
+    fn a_scale_out_while_tasks_drain_starts_beside_them_and_reuses_stopped_slots() {
+        let mut p = policy();
+        p.out_periods = 1;
+        let mut a = Autoscaler::new(p, 2);
+        let mut events = a.on_period(60, 1.2); // 2 -> 4: slots 2 and 3, started at 120
+        let run = |a: &mut Autoscaler, from: u64, to: u64, events: &mut Vec<Event>| {
+            for s in from..=to {
+                events.extend(a.tick(s));
+            }
+        };
+        run(&mut a, 61, 120, &mut events);
+        events.extend(a.scale_in(130, 2, 0.1)); // 3 and 2 drain until 160
+        events.extend(a.on_period(135, 1.2)); // out again while they drain: slots 4 and 5
+        run(&mut a, 136, 200, &mut events);
+        let starts = |events: &[Event]| -> Vec<usize> {
+            events.iter().filter_map(|e| if let Event::Start(i) = e { Some(*i) } else { None }).collect()
+        };
+        assert_eq!(starts(&events), vec![2, 3, 4, 5], "{events:?}");
+        assert_eq!(a.tasks().len(), Autoscaler::slots(&p) as usize, "max 4 + (4 - 2) draining");
+        // In and out again once the drain is over: the stopped slots are used again.
+        events = a.scale_in(300, 2, 0.1);
+        run(&mut a, 301, 340, &mut events);
+        a.last_out_s = None;
+        events.extend(a.on_period(360, 1.2));
+        run(&mut a, 361, 430, &mut events);
+        assert_eq!(starts(&events), vec![2, 3], "{events:?}");
+        assert_eq!(a.tasks().len(), Autoscaler::slots(&p) as usize);
+        assert_eq!(a.desired(), 4);
     }
 
     /// Like `script`, from period `first` (0-based).

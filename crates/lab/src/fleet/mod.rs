@@ -65,6 +65,9 @@ pub struct FleetArgs {
     /// Use the binaries already built.
     #[arg(long)]
     no_build: bool,
+    /// Write the report again from a saved run (its fleet.json), measuring nothing.
+    #[arg(long)]
+    from_json: Option<std::path::PathBuf>,
 }
 
 /// The load's shape.
@@ -105,6 +108,34 @@ impl Plan {
             c = self.after_s,
         )
     }
+
+    /// The load's shape from the flags and the stack.
+    fn new(args: &FleetArgs, stack: &stack::Stack, root: &Path) -> Result<Self> {
+        let capacity = match (args.capacity, args.quick) {
+            (Some(c), _) => (c, "given with --capacity".to_owned()),
+            (None, true) => (60.0, "a nominal 60 req/s: --quick measures nothing".to_owned()),
+            (None, false) => lab_capacity(root)?,
+        };
+        let plan = Plan {
+            quick: args.quick,
+            capacity_one: capacity.0,
+            capacity_how: capacity.1,
+            steady_x: 0.8,
+            surge_x: 2.5,
+            steady_s: if args.quick { 20 } else { 120 },
+            surge_s: if args.quick { 60 } else { 180 },
+            after_s: if args.quick { 45 } else { 120 },
+            honour_share: 0.2,
+            tasks: args.tasks.unwrap_or(stack.scaling.min_tasks),
+            max_tasks: args.max_tasks,
+            period_s: if args.quick { 10 } else { 60 },
+            out_periods: args.out_periods,
+            start_delay_s: args.start_delay.unwrap_or(if args.quick { 10 } else { 60 }),
+            health_interval_s: if args.quick { 2 } else { stack.balancer.health.interval.as_secs() },
+        };
+        anyhow::ensure!(plan.tasks >= 1 && plan.tasks <= plan.max_tasks, "--tasks must be between 1 and --max-tasks");
+        Ok(plan)
+    }
 }
 
 fn log(msg: &str) {
@@ -113,31 +144,12 @@ fn log(msg: &str) {
 
 pub async fn run(args: FleetArgs) -> Result<()> {
     let root = services::root();
+    if let Some(json) = &args.from_json {
+        return from_json(&root, json);
+    }
     let stack = stack::Stack::load(&root)?;
     ensure_haproxy()?;
-    let capacity = match (args.capacity, args.quick) {
-        (Some(c), _) => (c, "given with --capacity".to_owned()),
-        (None, true) => (60.0, "a nominal 60 req/s: --quick measures nothing".to_owned()),
-        (None, false) => lab_capacity(&root)?,
-    };
-    let plan = Plan {
-        quick: args.quick,
-        capacity_one: capacity.0,
-        capacity_how: capacity.1,
-        steady_x: 0.8,
-        surge_x: 2.5,
-        steady_s: if args.quick { 20 } else { 120 },
-        surge_s: if args.quick { 60 } else { 180 },
-        after_s: if args.quick { 45 } else { 120 },
-        honour_share: 0.2,
-        tasks: args.tasks.unwrap_or(stack.scaling.min_tasks),
-        max_tasks: args.max_tasks,
-        period_s: if args.quick { 10 } else { 60 },
-        out_periods: args.out_periods,
-        start_delay_s: args.start_delay.unwrap_or(if args.quick { 10 } else { 60 }),
-        health_interval_s: if args.quick { 2 } else { stack.balancer.health.interval.as_secs() },
-    };
-    anyhow::ensure!(plan.tasks >= 1 && plan.tasks <= plan.max_tasks, "--tasks must be between 1 and --max-tasks");
+    let plan = Plan::new(&args, &stack, &root)?;
     let out_dir = if args.quick { root.join("target/fleet-quick") } else { root.join("docs/fleet") };
     let runs = root.join(if args.quick { "target/fleet-quick/runs" } else { "target/fleet/runs" });
     std::fs::create_dir_all(&runs)?;
@@ -152,27 +164,9 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         Err(e) => return Err(e.context("the fleet pins each task at 0.25 core / 512 MiB (run as root with cgroups)")),
     };
     let server = services::ensure_postgres(&services::database_url()).await?;
-    let (profile, bin) =
-        if args.quick { (None, root.join("target/debug")) } else { (Some("--release"), root.join("target/release")) };
+    let bin = root.join(if args.quick { "target/debug" } else { "target/release" });
     if !args.no_build {
-        log("building the binaries (api, worker, seed, loadlab)");
-        let status = std::process::Command::new(services::cargo())
-            .args(["build", "-p", "breakwater-api", "-p", "breakwater-worker", "-p", "breakwater-seed"])
-            .args(["-p", "breakwater-loadlab"])
-            .args(profile)
-            .args([
-                "--bin",
-                "breakwater-api",
-                "--bin",
-                "breakwater-worker",
-                "--bin",
-                "breakwater-seed",
-                "--bin",
-                "loadlab",
-            ])
-            .current_dir(&root)
-            .status()?;
-        anyhow::ensure!(status.success(), "the build failed");
+        build(&root, args.quick)?;
     }
     let template = if args.quick { "breakwater_lab_quick" } else { "breakwater_lab" };
     let seed = crate::lab::dataset::seed(&bin, &server, template, args.quick).await?;
@@ -223,30 +217,44 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         record::check(&run)?;
         fleet.runs.push(run);
     }
+    let mut broken = Vec::new();
     if wants("throttles") {
         fresh_copy(&server, template, &db).await?;
-        let tenants =
-            breakwater_loadlab::tokens::Tokens::from_file(&tokens.path, breakwater_loadlab::tokens::DEV_SECRET)?;
-        let (_, tenant) = tenants.heaviest().context("no tenants in the tokens file")?;
-        let t = ctx("adaptive", &db).throttles(plan.max_tasks, tenant).await.context("the throttles' run")?;
-        let goals = t.goals();
-        for (goal, measured, met) in &goals {
-            log(&format!("throttles: {goal}: {measured}{}", if *met { "" } else { "  (MISSED)" }));
-        }
-        // The first goal (exact to +-1 while Redis is up) is a timing and reported; the others
-        // (the fleet within the limit without Redis, Retry-After on every 429, nothing failed,
-        // every task fell back) are correctness, and a run that misses one fails.
-        let broken: Vec<&str> = goals.iter().skip(1).filter(|g| !g.2).map(|g| g.0.as_str()).collect();
+        let (t, missed) = ctx("adaptive", &db).throttles_checked(&tokens.path).await?;
         fleet.throttles = Some(t);
-        if !broken.is_empty() {
-            record::write(&fleet, &out_dir, None)?;
-            anyhow::bail!("the fleet-wide throttles missed: {}", broken.join("; "));
-        }
+        broken = missed;
     }
-    let written = record::write(&fleet, &out_dir, (!args.quick).then(|| root.join("docs/PERFORMANCE.md")).as_deref())?;
-    for w in written {
+    let perf_md = (!args.quick && broken.is_empty()).then(|| root.join("docs/PERFORMANCE.md"));
+    for w in record::write(&fleet, &out_dir, perf_md.as_deref())? {
         println!("wrote {}", w.display());
     }
+    anyhow::ensure!(broken.is_empty(), "the fleet-wide throttles missed: {}", broken.join("; "));
+    Ok(())
+}
+
+/// `--from-json`: the report again from a saved run, measuring nothing.
+fn from_json(root: &Path, json: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let fleet: record::Fleet = serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+    let quick = fleet.plan.quick;
+    let out = if quick { root.join("target/fleet-quick") } else { root.join("docs/fleet") };
+    for w in record::write(&fleet, &out, (!quick).then(|| root.join("docs/PERFORMANCE.md")).as_deref())? {
+        println!("wrote {}", w.display());
+    }
+    Ok(())
+}
+
+/// The binaries a run starts: debug for `--quick`, release otherwise.
+fn build(root: &Path, quick: bool) -> Result<()> {
+    log("building the binaries (api, worker, seed, loadlab)");
+    let status = std::process::Command::new(services::cargo())
+        .args(["build", "-p", "breakwater-api", "-p", "breakwater-worker", "-p", "breakwater-seed"])
+        .args(["-p", "breakwater-loadlab"])
+        .args((!quick).then_some("--release"))
+        .args(["--bin", "breakwater-api", "--bin", "breakwater-worker", "--bin", "breakwater-seed", "--bin", "loadlab"])
+        .current_dir(root)
+        .status()?;
+    anyhow::ensure!(status.success(), "the build failed");
     Ok(())
 }
 
@@ -318,7 +326,7 @@ impl Ctx<'_> {
     }
 
     fn slots(&self) -> Vec<Slot> {
-        (0..self.plan.max_tasks)
+        (0..Autoscaler::slots(&self.policy()))
             .map(|i| {
                 let base = self.port + 10 + 2 * u16::try_from(i).unwrap_or(0);
                 Slot {

@@ -344,6 +344,12 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
             c.bytes_out_per_request,
         );
     }
+    m
+}
+
+/// Each variant's run, ten seconds a row (docs/fleet/fleet.md, beside the summary).
+pub(crate) fn seconds_markdown(fleet: &Fleet) -> String {
+    let mut m = String::new();
     for run in &fleet.runs {
         let _ = writeln!(m, "\n**{}**, every ten seconds:\n", run.variant);
         let _ = writeln!(
@@ -406,7 +412,8 @@ pub(crate) fn chart_svg(fleet: &Fleet) -> String {
     chart("The fleet through a surge", "seconds", "per second", &series, false)
 }
 
-/// Writes fleet.json, the chart and (for full runs) the section of docs/PERFORMANCE.md.
+/// Writes fleet.json, the chart, fleet.md (the summary and the ten-second tables) and, for full
+/// runs, the summary into its section of docs/PERFORMANCE.md.
 pub(crate) fn write(fleet: &Fleet, out: &Path, perf_md: Option<&Path>) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out)?;
     let json = out.join("fleet.json");
@@ -414,22 +421,25 @@ pub(crate) fn write(fleet: &Fleet, out: &Path, perf_md: Option<&Path>) -> Result
     let svg = out.join("fleet-surge.svg");
     std::fs::write(&svg, chart_svg(fleet))?;
     let md = markdown(fleet);
-    let mut written = vec![json, svg];
-    match perf_md {
-        Some(path) => {
+    let full = out.join("fleet.md");
+    std::fs::write(
+        &full,
+        format!("# The fleet\n\n![The fleet through a surge](fleet-surge.svg)\n\n{md}{}", seconds_markdown(fleet)),
+    )?;
+    let mut written = vec![json, svg, full];
+    if let Some(path) = perf_md {
+        {
             let text = std::fs::read_to_string(path).context("docs/PERFORMANCE.md")?;
             let (a, b) = (text.find(BEGIN), text.find(END));
             let (Some(a), Some(b)) = (a, b) else {
                 anyhow::bail!("docs/PERFORMANCE.md has no fleet markers ({BEGIN} ... {END})")
             };
-            let section = format!("{BEGIN}\n\n![The fleet through a surge](fleet/fleet-surge.svg)\n\n{md}\n{END}");
+            let section = format!(
+                "{BEGIN}\n\n![The fleet through a surge](fleet/fleet-surge.svg)\n\n{md}\nEach run ten seconds a row: \
+                 [docs/fleet/fleet.md](fleet/fleet.md); every second: `docs/fleet/fleet.json`.\n{END}"
+            );
             std::fs::write(path, format!("{}{section}{}", &text[..a], &text[b + END.len()..]))?;
             written.push(path.to_path_buf());
-        }
-        None => {
-            let path = out.join("fleet.md");
-            std::fs::write(&path, md)?;
-            written.push(path);
         }
     }
     Ok(written)

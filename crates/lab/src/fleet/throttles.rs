@@ -131,6 +131,23 @@ struct Sample {
 }
 
 impl Ctx<'_> {
+    /// The run at the most tasks the fleet runs, for the heaviest tenant of `tokens`; its
+    /// record, and the goals it missed that a run may not miss. The first goal (exact to +-1
+    /// while Redis is up) is a timing and only reported; the others (the fleet within the limit
+    /// without Redis, Retry-After on every 429, nothing failed, every task fell back) are
+    /// correctness.
+    pub(super) async fn throttles_checked(&self, tokens: &std::path::Path) -> Result<(Record, Vec<String>)> {
+        let tenants = breakwater_loadlab::tokens::Tokens::from_file(tokens, breakwater_loadlab::tokens::DEV_SECRET)?;
+        let (_, tenant) = tenants.heaviest().context("no tenants in the tokens file")?;
+        let record = self.throttles(self.plan.max_tasks, tenant).await.context("the throttles' run")?;
+        let goals = record.goals();
+        for (goal, measured, met) in &goals {
+            log(&format!("throttles: {goal}: {measured}{}", if *met { "" } else { "  (MISSED)" }));
+        }
+        let broken = goals.into_iter().skip(1).filter(|g| !g.2).map(|g| g.0).collect();
+        Ok((record, broken))
+    }
+
     /// The fleet-wide throttles' run: `tasks` tasks up, the load, Redis killed halfway.
     pub(super) async fn throttles(&self, tasks: u32, tenant: &breakwater_loadlab::tokens::Tenant) -> Result<Record> {
         let half = Duration::from_secs(if self.plan.quick { 8 } else { 15 });
@@ -281,6 +298,7 @@ fn record(
     degraded: Option<Duration>,
 ) -> Record {
     let ok = |s: &&&Sample| matches!(s.outcome, Ok((200..=299, _, _)));
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a few hundred, never negative
     let window = |name: &str, of: Vec<&Sample>| {
         let first = of.iter().map(|s| s.sent).min().unwrap_or_default();
         let last = of.iter().map(|s| s.sent).max().unwrap_or_default();
