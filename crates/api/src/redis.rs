@@ -1,23 +1,45 @@
-//! The Redis pool. Redis backs the shared throttles; the API serves without it.
+//! The connection to Redis. Redis backs the shared throttles; the API serves without it.
 //!
 //! One Redis (`REDIS_URL`), or a Redis Cluster (`REDIS_CLUSTER=true`: `REDIS_URL` is then one
 //! or more seed nodes, comma-separated, such as ElastiCache's configuration endpoint with
 //! cluster mode on). The throttles' keys are hash-tagged per tenant, so a tenant's buckets live
 //! in one slot and the cluster spreads tenants over its shards.
+//!
+//! One multiplexed connection per process (per shard on a cluster), shared by every request:
+//! calls that overlap are pipelined on it, and a request costs its own commands and nothing
+//! else (a pool's check-out costs a round trip of its own, `UNWATCH` + `PING`, measured in
+//! docs/PERFORMANCE.md). The `redis` crate's connection manager reconnects it after an error;
+//! the cluster client does the same per shard. It is made on first use, so start-up never
+//! waits for Redis.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{self, Cmd, Pipeline, RedisFuture, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// A pool of connections to one Redis or to a Redis Cluster (deadpool-redis: the well-kept
-/// async pool for the `redis` crate; its `cluster` feature for the cluster client).
+/// Connecting gives up after this long (the call that asked falls back; the next one retries).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// An answer that takes longer fails the call, so that a Redis that stopped answering is
+/// noticed (the throttles' own per-call budget is far shorter).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The way to Redis: a client, and its one connection once made. Cheap to clone.
 #[derive(Clone)]
-pub enum RedisPool {
-    /// One Redis.
-    Single(deadpool_redis::Pool),
-    /// A Redis Cluster: commands go to the shard that owns their keys.
-    Cluster(deadpool_redis::cluster::Pool),
+pub struct RedisPool(Arc<Shared>);
+
+struct Shared {
+    target: Target,
+    connection: Mutex<Option<RedisConnection>>,
+    /// One connection attempt at a time.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+enum Target {
+    Single(redis::Client),
+    Cluster(ClusterClient),
 }
 
 impl std::fmt::Debug for RedisPool {
@@ -26,56 +48,80 @@ impl std::fmt::Debug for RedisPool {
     }
 }
 
-/// A connection from a [`RedisPool`].
+/// The shared connection (a clone: every clone is the same multiplexed connection).
+#[derive(Clone)]
 #[allow(missing_debug_implementations)] // the cluster connection is not `Debug`
 pub enum RedisConnection {
-    /// To one Redis.
-    Single(deadpool_redis::Connection),
-    /// To a Redis Cluster (multiplexed; clones share it).
-    Cluster(deadpool_redis::cluster::Connection),
+    /// To one Redis, reconnected by the connection manager.
+    Single(ConnectionManager),
+    /// To a Redis Cluster: commands go to the shard that owns their keys.
+    Cluster(ClusterConnection),
 }
 
-const TIMEOUTS: deadpool_redis::Timeouts = deadpool_redis::Timeouts {
-    wait: Some(Duration::from_millis(20)),
-    create: Some(Duration::from_millis(200)),
-    recycle: Some(Duration::from_millis(20)),
-};
-
-/// Builds the pool: `url` is one Redis, or with `cluster` the seed nodes of a Redis Cluster
-/// (comma-separated). Connections are made on first use, so start-up never waits for Redis.
+/// The client for `url`: one Redis, or with `cluster` the seed nodes of a Redis Cluster
+/// (comma-separated). Nothing connects yet.
 ///
 /// # Errors
 /// When the URL does not parse.
 pub fn pool(url: &str, cluster: bool) -> anyhow::Result<RedisPool> {
-    if cluster {
-        let urls: Vec<String> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_owned).collect();
+    let target = if cluster {
+        let urls: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
         anyhow::ensure!(!urls.is_empty(), "REDIS_URL names no Redis Cluster node");
-        let mut cfg = deadpool_redis::cluster::Config::from_urls(urls);
-        cfg.pool = Some(deadpool_redis::PoolConfig { max_size: 4, timeouts: TIMEOUTS, ..Default::default() });
-        return Ok(RedisPool::Cluster(cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))?));
-    }
-    let mut cfg = deadpool_redis::Config::from_url(url);
-    cfg.pool = Some(deadpool_redis::PoolConfig { max_size: 16, timeouts: TIMEOUTS, ..Default::default() });
-    Ok(RedisPool::Single(cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))?))
+        Target::Cluster(
+            redis::cluster::ClusterClientBuilder::new(urls)
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(RESPONSE_TIMEOUT)
+                .build()?,
+        )
+    } else {
+        Target::Single(redis::Client::open(url)?)
+    };
+    Ok(RedisPool(Arc::new(Shared { target, connection: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })))
 }
 
 impl RedisPool {
     /// Whether this is a Redis Cluster.
     #[must_use]
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Self::Cluster(_))
+        matches!(self.0.target, Target::Cluster(_))
     }
 
-    /// A connection, within the pool's wait and create timeouts.
+    /// The connection, made on the first call (within [`CONNECT_TIMEOUT`]).
     ///
     /// # Errors
-    /// When none can be had in time (Redis down, the pool exhausted).
+    /// When it cannot be made in time (Redis down, unreachable).
     pub async fn get(&self) -> redis::RedisResult<RedisConnection> {
-        let pool_error = |e: String| redis::RedisError::from((redis::ErrorKind::IoError, "pool", e));
-        match self {
-            Self::Single(p) => p.get().await.map(RedisConnection::Single).map_err(|e| pool_error(e.to_string())),
-            Self::Cluster(p) => p.get().await.map(RedisConnection::Cluster).map_err(|e| pool_error(e.to_string())),
+        if let Some(c) = self.current() {
+            return Ok(c);
         }
+        let _one_at_a_time = self.0.connecting.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let connect = async {
+            match &self.0.target {
+                Target::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(CONNECT_TIMEOUT)
+                        .set_response_timeout(RESPONSE_TIMEOUT)
+                        .set_number_of_retries(2)
+                        .set_max_delay(1_000);
+                    ConnectionManager::new_with_config(client.clone(), config).await.map(RedisConnection::Single)
+                }
+                Target::Cluster(client) => client.get_async_connection().await.map(RedisConnection::Cluster),
+            }
+        };
+        let c = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| redis::RedisError::from((redis::ErrorKind::IoError, "connecting to Redis timed out")))??;
+        if let Ok(mut slot) = self.0.connection.lock() {
+            *slot = Some(c.clone());
+        }
+        Ok(c)
+    }
+
+    fn current(&self) -> Option<RedisConnection> {
+        self.0.connection.lock().ok()?.clone()
     }
 }
 
@@ -107,7 +153,7 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// Whether Redis answers `PING` within `timeout` (a cluster: the node the client picks).
+/// Whether Redis answers `PING` within `timeout`.
 pub async fn ping(pool: &RedisPool, timeout: Duration) -> bool {
     let probe = async {
         let mut conn = pool.get().await.ok()?;

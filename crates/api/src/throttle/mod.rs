@@ -35,7 +35,6 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use breakwater_domain::{TenantId, UserId};
-use deadpool_redis::redis;
 use serde::Serialize;
 
 use crate::redis::{RedisConnection, RedisPool};
@@ -422,8 +421,8 @@ impl Throttles {
             RedisConnection::Cluster(c) => {
                 // Two slots, perhaps two shards: a cluster refuses a pipeline across slots, so
                 // the two calls go out at once on the multiplexed connection instead.
-                let mut other = redis::cluster_async::ClusterConnection::clone(c);
-                let (a, b) = tokio::join!(evalsha(&mut **c, &tenant), evalsha(&mut other, &ip));
+                let mut other = c.clone();
+                let (a, b) = tokio::join!(evalsha(c, &tenant), evalsha(&mut other, &ip));
                 vec![a?, b?]
             }
             RedisConnection::Single(c) => {
