@@ -112,7 +112,7 @@ impl Record {
             m,
             "**Fleet-wide throttles.** {} tasks behind the balancer, one Redis of the run's own; one tenant limited to \
              {} req/s with a burst of {}, its agent sending {} req/s of inbox reads through the balancer; Redis \
-             killed halfway (each task then holds a {}th of the limit).\n",
+             killed halfway (each task then holds 1/{} of the limit: `THROTTLE_API_TASKS`).\n",
             self.tasks, self.rate_per_sec, self.burst, self.offered_per_sec, self.tasks
         );
         let _ = writeln!(m, "| goal | measured | met |\n|---|---|---|");
