@@ -5,6 +5,7 @@
 //! start: the report (docs/PERFORMANCE.md, the fleet section) says what each second saw.
 
 pub(crate) mod autoscaler;
+mod capacity;
 mod costs;
 pub(crate) mod haproxy;
 mod processes;
@@ -55,8 +56,10 @@ pub struct FleetArgs {
     /// Admission variants of the surge, one fleet after the other.
     #[arg(long, value_delimiter = ',', default_value = "adaptive,off")]
     variants: Vec<String>,
-    /// The experiments: `surge` (the autoscaling minute, per variant) and `throttles` (the
-    /// most tasks sharing one tenant's limit through Redis, then Redis killed halfway).
+    /// The experiments: `surge` (the autoscaling minute, per variant), `throttles` (the most
+    /// tasks sharing one tenant's limit through Redis, then Redis killed halfway) and, only when
+    /// asked, `capacity` (the lab's calibration through the balancer to one task, then to the
+    /// most tasks).
     #[arg(long, value_delimiter = ',', default_value = "surge,throttles")]
     experiments: Vec<String>,
     /// The first of the ports the balancer and the tasks listen on (127.0.0.1).
@@ -182,9 +185,13 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         stack: stack.clone(),
         runs: Vec::new(),
         throttles: None,
+        capacity: None,
     };
     for e in &args.experiments {
-        anyhow::ensure!(["surge", "throttles"].contains(&e.as_str()), "unknown experiment {e:?} (surge, throttles)");
+        anyhow::ensure!(
+            ["surge", "throttles", "capacity"].contains(&e.as_str()),
+            "unknown experiment {e:?} (surge, throttles, capacity)"
+        );
     }
     let wants = |e: &str| args.experiments.iter().any(|x| x == e);
     let variants: &[String] = if wants("surge") { &args.variants } else { &[] };
@@ -220,9 +227,30 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     let mut broken = Vec::new();
     if wants("throttles") {
         fresh_copy(&server, template, &db).await?;
-        let (t, missed) = ctx("adaptive", &db).throttles_checked(&tokens.path).await?;
+        let (mut t, missed) = ctx("adaptive", &db).throttles_checked(&tokens.path).await?;
+        t.measured = format!("{} at `{}`", fleet.date, fleet.commit);
         fleet.throttles = Some(t);
         broken = missed;
+    }
+    if wants("capacity") {
+        fresh_copy(&server, template, &db).await?;
+        let mut c = ctx("adaptive", &db).capacities(plan.max_tasks).await?;
+        c.measured = format!("{} at `{}`", fleet.date, fleet.commit);
+        fleet.capacity = Some(c);
+    }
+    // A full run without the surge adds what it measured to the saved record, whose surge stays;
+    // each part says when it was measured.
+    if !args.quick && !wants("surge") {
+        let saved = std::fs::read_to_string(out_dir.join("fleet.json")).ok();
+        if let Some(mut saved) = saved.and_then(|t| serde_json::from_str::<record::Fleet>(&t).ok()) {
+            if wants("throttles") {
+                saved.throttles = fleet.throttles.take();
+            }
+            if wants("capacity") {
+                saved.capacity = fleet.capacity.take();
+            }
+            fleet = saved;
+        }
     }
     let perf_md = (!args.quick && broken.is_empty()).then(|| root.join("docs/PERFORMANCE.md"));
     for w in record::write(&fleet, &out_dir, perf_md.as_deref())? {
@@ -371,18 +399,69 @@ impl Ctx<'_> {
     }
 
     fn launch(&self) -> Launch<'_> {
+        self.launch_as(self.variant, self.variant, &self.redis_url, None)
+    }
+
+    /// How the tasks of a run named `name` start: admission, Redis and the tenant limit.
+    fn launch_as<'b>(
+        &'b self,
+        name: &'b str,
+        admission: &'b str,
+        redis_url: &'b str,
+        tenant_limit: Option<(f64, u32)>,
+    ) -> Launch<'b> {
         Launch {
             bin: self.bin,
             runs: self.runs,
             db_url: &self.db_url,
-            name: self.variant,
-            admission: self.variant,
-            redis_url: &self.redis_url,
+            name,
+            admission,
+            redis_url,
             key_prefix: &self.key_prefix,
-            tenant_limit: None,
+            tenant_limit,
             pin: self.pin,
             cpus: self.cpus,
         }
+    }
+
+    /// The balancer and `tasks` tasks started as `launch` says, registered and past their health
+    /// checks (no autoscaler, no worker): the fixed fleets of the throttles' and capacity runs.
+    async fn serving(&self, name: &str, tasks: u32, launch: &Launch<'_>) -> Result<(Balancer, Vec<Proc>)> {
+        let slots: Vec<Slot> = self.slots().into_iter().take(tasks as usize).collect();
+        let socket = self.runs.join(format!("{name}-haproxy.sock"));
+        let cfg = self.runs.join(format!("{name}-haproxy.cfg"));
+        let mut balancer_cfg = self.stack.balancer.clone();
+        balancer_cfg.health.interval = Duration::from_secs(self.plan.health_interval_s);
+        std::fs::write(&cfg, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
+        let balancer =
+            Balancer::start(&cfg, &socket, &self.runs.join(format!("{name}-haproxy.log")), self.listen()).await?;
+        let mut procs = Vec::new();
+        let mut up = Ok(());
+        for slot in &slots {
+            match Proc::api(launch, slot, tasks) {
+                Ok(p) => procs.push(p),
+                Err(e) => {
+                    up = Err(e);
+                    break;
+                }
+            }
+            if let Err(e) = balancer.register(&slot.name).await {
+                up = Err(e);
+                break;
+            }
+        }
+        if up.is_ok() {
+            let names: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
+            up = balancer.wait_up(&names, Duration::from_secs(60 + 3 * self.plan.health_interval_s)).await;
+        }
+        if let Err(e) = up {
+            for p in procs {
+                p.stop(Duration::from_secs(15)).await;
+            }
+            balancer.stop().await;
+            return Err(e);
+        }
+        Ok((balancer, procs))
     }
 
     fn policy(&self) -> Policy {

@@ -32,6 +32,9 @@ pub(crate) struct Fleet {
     /// The fleet-wide throttles' run, when it was asked for.
     #[serde(default)]
     pub(crate) throttles: Option<super::throttles::Record>,
+    /// Three tasks' capacity against one's, when it was asked for.
+    #[serde(default)]
+    pub(crate) capacity: Option<super::capacity::Record>,
 }
 
 /// One variant's fleet.
@@ -320,6 +323,9 @@ pub(crate) fn markdown(fleet: &Fleet) -> String {
     }
     if let Some(t) = &fleet.throttles {
         let _ = writeln!(m, "\n{}", t.markdown());
+    }
+    if let Some(c) = &fleet.capacity {
+        let _ = writeln!(m, "\n{}", c.markdown());
     }
     let _ = writeln!(m, "\nWhat a request cost the shared components (the capacity model's inputs, docs/DEPLOY.md):\n");
     let _ = writeln!(

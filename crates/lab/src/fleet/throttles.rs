@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::processes::{Balancer, Launch, Proc};
 use super::{Ctx, haproxy, log};
 use crate::rig::services::RedisServer;
 
@@ -42,6 +41,9 @@ pub(crate) struct Window {
 /// What the run recorded.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Record {
+    /// When and at which commit (a run without the surge adds to the saved record).
+    #[serde(default)]
+    pub(crate) measured: String,
     pub(crate) tasks: u32,
     pub(crate) rate_per_sec: f64,
     pub(crate) burst: u32,
@@ -110,10 +112,15 @@ impl Record {
         let mut m = String::new();
         let _ = writeln!(
             m,
-            "**Fleet-wide throttles.** {} tasks behind the balancer, one Redis of the run's own; one tenant limited to \
-             {} req/s with a burst of {}, its agent sending {} req/s of inbox reads through the balancer; Redis \
-             killed halfway (each task then holds 1/{} of the limit: `THROTTLE_API_TASKS`).\n",
-            self.tasks, self.rate_per_sec, self.burst, self.offered_per_sec, self.tasks
+            "**Fleet-wide throttles**{}. {} tasks behind the balancer, one Redis of the run's own; one \
+             tenant limited to {} req/s with a burst of {}, its agent sending {} req/s of inbox reads through the \
+             balancer; Redis killed halfway (each task then holds 1/{} of the limit: `THROTTLE_API_TASKS`).\n",
+            if self.measured.is_empty() { String::new() } else { format!(" (measured {})", self.measured) },
+            self.tasks,
+            self.rate_per_sec,
+            self.burst,
+            self.offered_per_sec,
+            self.tasks
         );
         let _ = writeln!(m, "| goal | measured | met |\n|---|---|---|");
         for (goal, measured, met) in self.goals() {
@@ -157,36 +164,10 @@ impl Ctx<'_> {
         ));
         let redis = RedisServer::start(super::free_port()?, &self.runs.join("throttles-redis.log"))?;
         let redis_url = redis.url();
-        let launch = Launch {
-            bin: self.bin,
-            runs: self.runs,
-            db_url: &self.db_url,
-            name: "throttles",
-            admission: "adaptive",
-            redis_url: &redis_url,
-            key_prefix: &self.key_prefix,
-            tenant_limit: Some((RATE_PER_SEC, BURST)),
-            pin: self.pin,
-            cpus: self.cpus,
-        };
+        let launch = self.launch_as("throttles", "adaptive", &redis_url, Some((RATE_PER_SEC, BURST)));
+        let (balancer, procs) = self.serving("throttles", tasks, &launch).await?;
         let slots: Vec<_> = self.slots().into_iter().take(tasks as usize).collect();
-        let socket = self.runs.join("throttles-haproxy.sock");
-        let cfg = self.runs.join("throttles-haproxy.cfg");
-        let mut balancer_cfg = self.stack.balancer.clone();
-        balancer_cfg.health.interval = Duration::from_secs(self.plan.health_interval_s);
-        std::fs::write(&cfg, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
-        let balancer = Balancer::start(&cfg, &socket, &self.runs.join("throttles-haproxy.log"), self.listen()).await?;
-        let mut procs = Vec::new();
-        for slot in &slots {
-            procs.push(Proc::api(&launch, slot, tasks)?);
-            balancer.register(&slot.name).await?;
-        }
-        let names: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
-        let within = Duration::from_secs(60 + 3 * self.plan.health_interval_s);
-        let measured = match balancer.wait_up(&names, within).await {
-            Ok(()) => self.throttle_load(&slots, redis, half, tenant).await,
-            Err(e) => Err(e),
-        };
+        let measured = self.throttle_load(&slots, redis, half, tenant).await;
         for p in procs {
             p.stop(Duration::from_secs(15)).await;
         }
@@ -328,6 +309,7 @@ fn record(
         }
     }
     Record {
+        measured: String::new(),
         tasks,
         rate_per_sec: RATE_PER_SEC,
         burst: BURST,
