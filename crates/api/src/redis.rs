@@ -8,10 +8,14 @@
 //! One multiplexed connection per process (per shard on a cluster), shared by every request:
 //! calls that overlap are pipelined on it, and a request costs its own commands and nothing
 //! else (a pool's check-out costs a round trip of its own, `UNWATCH` + `PING`, measured in
-//! docs/PERFORMANCE.md). The `redis` crate's connection manager reconnects it after an error;
-//! the cluster client does the same per shard. It is made on first use, so start-up never
-//! waits for Redis.
+//! docs/PERFORMANCE.md). The `redis` crate's connection manager reconnects it after a reset or a
+//! refused connection; a Redis that stops answering, or answers with errors (a demoted primary's
+//! `READONLY`), is left behind by [`RedisPool::reset`], which the throttles call when their
+//! circuit breaker opens, so the breaker's next probe connects afresh. Connecting runs as a task
+//! of its own, so a caller that gives up at its budget does not cancel it; it starts on first
+//! use, so start-up never waits for Redis.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,8 +37,10 @@ pub struct RedisPool(Arc<Shared>);
 struct Shared {
     target: Target,
     connection: Mutex<Option<RedisConnection>>,
-    /// One connection attempt at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// An attempt is under way (one at a time).
+    connecting: AtomicBool,
+    /// Woken when an attempt ends, made or not.
+    attempted: tokio::sync::Notify,
 }
 
 enum Target {
@@ -76,7 +82,12 @@ pub fn pool(url: &str, cluster: bool) -> anyhow::Result<RedisPool> {
     } else {
         Target::Single(redis::Client::open(url)?)
     };
-    Ok(RedisPool(Arc::new(Shared { target, connection: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) })))
+    Ok(RedisPool(Arc::new(Shared {
+        target,
+        connection: Mutex::new(None),
+        connecting: AtomicBool::new(false),
+        attempted: tokio::sync::Notify::new(),
+    })))
 }
 
 impl RedisPool {
@@ -86,42 +97,64 @@ impl RedisPool {
         matches!(self.0.target, Target::Cluster(_))
     }
 
-    /// The connection, made on the first call (within [`CONNECT_TIMEOUT`]).
+    /// The connection; the first call (or the first after a [`reset`](Self::reset)) starts an
+    /// attempt, which gives up after [`CONNECT_TIMEOUT`], and waits for it.
     ///
     /// # Errors
-    /// When it cannot be made in time (Redis down, unreachable).
+    /// When the attempt failed (Redis down, unreachable, too slow to answer).
     pub async fn get(&self) -> redis::RedisResult<RedisConnection> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let _one_at_a_time = self.0.connecting.lock().await;
+        let attempted = self.0.attempted.notified();
+        tokio::pin!(attempted);
+        attempted.as_mut().enable();
+        // An attempt may have ended between the check above and the registration.
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let connect = async {
-            match &self.0.target {
-                Target::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(CONNECT_TIMEOUT)
-                        .set_response_timeout(RESPONSE_TIMEOUT)
-                        .set_number_of_retries(2)
-                        .set_max_delay(1_000);
-                    ConnectionManager::new_with_config(client.clone(), config).await.map(RedisConnection::Single)
+        if !self.0.connecting.swap(true, Ordering::AcqRel) {
+            let shared = Arc::clone(&self.0);
+            tokio::spawn(async move {
+                if let Ok(Ok(c)) = tokio::time::timeout(CONNECT_TIMEOUT, shared.target.connect()).await
+                    && let Ok(mut slot) = shared.connection.lock()
+                {
+                    *slot = Some(c);
                 }
-                Target::Cluster(client) => client.get_async_connection().await.map(RedisConnection::Cluster),
-            }
-        };
-        let c = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-            .await
-            .map_err(|_| redis::RedisError::from((redis::ErrorKind::IoError, "connecting to Redis timed out")))??;
-        if let Ok(mut slot) = self.0.connection.lock() {
-            *slot = Some(c.clone());
+                shared.connecting.store(false, Ordering::Release);
+                shared.attempted.notify_waiters();
+            });
         }
-        Ok(c)
+        attempted.await;
+        self.current().ok_or_else(|| redis::RedisError::from((redis::ErrorKind::IoError, "no connection to Redis")))
+    }
+
+    /// Leaves the connection behind: the next [`get`](Self::get) connects afresh. For a Redis
+    /// that stopped answering, which the connection itself may not notice for minutes.
+    pub fn reset(&self) {
+        if let Ok(mut slot) = self.0.connection.lock() {
+            *slot = None;
+        }
     }
 
     fn current(&self) -> Option<RedisConnection> {
         self.0.connection.lock().ok()?.clone()
+    }
+}
+
+impl Target {
+    async fn connect(&self) -> redis::RedisResult<RedisConnection> {
+        match self {
+            Self::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(CONNECT_TIMEOUT)
+                    .set_response_timeout(RESPONSE_TIMEOUT)
+                    .set_number_of_retries(2)
+                    .set_max_delay(1_000);
+                ConnectionManager::new_with_config(client.clone(), config).await.map(RedisConnection::Single)
+            }
+            Self::Cluster(client) => client.get_async_connection().await.map(RedisConnection::Cluster),
+        }
     }
 }
 

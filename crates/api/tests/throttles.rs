@@ -252,6 +252,46 @@ async fn redis_stopping_degrades_to_in_process_limits_and_recovers(pool: PgPool)
     }
 }
 
+/// A Redis that stops answering (its process stopped: connections stay open, nothing comes
+/// back) costs no request more than the throttles' budget, and once it answers again the
+/// throttles return to it: the breaker leaves the silent connection behind and its probe
+/// connects afresh.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_redis_that_stops_answering_is_left_behind_and_found_again(pool: PgPool) {
+    let redis = PrivateRedis::start(free_port());
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let app = spawn_unheld(pool.clone(), &["--redis-url", &url, "--throttle-tenant-rate", "1000"]).await;
+    let t = tenant(&pool, "Acme").await;
+    let status = || async { app.ops("/v1/ops/status").await.body["layers"]["throttles"].clone() };
+    assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
+    assert_eq!(status().await["state"], "ok");
+    let pid = redis.child.as_ref().expect("running").id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().expect("kill").success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+
+    signal("-STOP");
+    let started = Instant::now();
+    for _ in 0..30 {
+        let r = app.get("/v1/contacts", &t.token).await;
+        assert_eq!(r.status, StatusCode::OK, "a silent Redis must not fail requests: {}", r.text);
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "requests waited on the silent Redis: {:?}", started.elapsed());
+    assert_eq!(status().await["state"], "degraded");
+
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert_eq!(app.get("/v1/contacts", &t.token).await.status, StatusCode::OK);
+        if status().await["state"] == "ok" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "throttles did not return to Redis once it answered again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A private three-shard Redis Cluster (no replicas), torn down when dropped.
 struct PrivateCluster {
     ports: Vec<u16>,

@@ -220,7 +220,7 @@ async fn evalsha<C: redis::aio::ConnectionLike + Send>(conn: &mut C, cmd: &redis
     }
 }
 
-/// `SCRIPT LOAD` (on a cluster, the client sends it to every primary).
+/// `SCRIPT LOAD` (on a cluster, the client sends it to every node, and needs every one to answer).
 async fn load_script<C: redis::aio::ConnectionLike + Send>(conn: &mut C) -> redis::RedisResult<()> {
     redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<redis::Value>(conn).await.map(drop)
 }
@@ -398,6 +398,11 @@ impl Throttles {
                 api_tasks = self.settings.api_tasks,
                 "Redis throttles unavailable: falling back to in-process limits divided by the API task count"
             );
+        }
+        if self.breaker.is_open() {
+            // Opened, or a probe failed: the connection may be to a Redis that stopped answering
+            // (a lost zone) or to a demoted primary; the next probe connects afresh.
+            self.redis.reset();
         }
     }
 
