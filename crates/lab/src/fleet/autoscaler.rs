@@ -110,7 +110,8 @@ impl Autoscaler {
     }
 
     /// The most tasks that exist at once: the maximum running or pending, and beside them the
-    /// ones still draining from a scale-in (at most the maximum less the minimum), as an ECS
+    /// ones still draining from a scale-in (at most the maximum less the minimum, while the
+    /// drain delay is no longer than the scale-out cooldown, which the fleet checks), as an ECS
     /// service starts new tasks while deregistered ones drain.
     pub(crate) fn slots(policy: &Policy) -> u32 {
         policy.max_tasks + policy.max_tasks.saturating_sub(policy.min_tasks)
@@ -162,7 +163,7 @@ impl Autoscaler {
     }
 
     /// Scales in to `to` tasks now (the policy's decision, or an operator lowering the desired
-    /// count): the newest first; a pending one is cancelled, a running one deregistered, to
+    /// count): the highest slot first; a pending one is cancelled, a running one deregistered, to
     /// get SIGTERM after the drain delay.
     pub(crate) fn scale_in(&mut self, now_s: u64, to: u32, cpu: f64) -> Vec<Event> {
         let current = self.desired();

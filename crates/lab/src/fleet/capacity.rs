@@ -94,28 +94,13 @@ impl Ctx<'_> {
         let redis_url = self.redis_url.clone();
         let launch = self.launch_as(&name, "adaptive", &redis_url, None);
         let (balancer, procs) = self.serving(&name, tasks, &launch).await?;
-        let profiles = self.runs.join(format!("{name}-profiles.toml"));
-        std::fs::write(&profiles, ramp_profile(tasks))?;
         let out = self.runs.join(format!("{name}.json"));
-        let status = tokio::process::Command::new(self.bin.join("loadlab"))
-            .args(["profile", "fleet-capacity", "--base", &format!("http://{}", self.listen())])
-            .arg("--profiles")
-            .arg(&profiles)
-            .arg("--tokens")
-            .arg(self.tokens)
-            .args(["--max-in-flight", "4096", "--timeout", "30s", "--seed", "3", "--no-smoke"])
-            .arg("--out")
-            .arg(&out)
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(out.with_extension("log"))?)
-            .kill_on_drop(true)
-            .status()
-            .await;
+        let ran = self.capacity_load(&name, tasks, &out).await;
         for p in procs {
             p.stop(std::time::Duration::from_secs(15)).await;
         }
         balancer.stop().await;
-        anyhow::ensure!(status?.success(), "loadlab failed: see {}", out.with_extension("log").display());
+        ran?;
         let report = breakwater_loadlab::report::Report::read_json(&out)?;
         let run = PhaseRun {
             name: out.display().to_string(),
@@ -131,6 +116,30 @@ impl Ctx<'_> {
         let capacity = Capacity::from_calibration(&run, self.plan.quick)?;
         log(&format!("capacity of {tasks} task(s): {:.0} req/s", capacity.rps));
         Ok(Ramp { tasks, capacity })
+    }
+}
+
+impl Ctx<'_> {
+    /// The ramp against the balancer, its report in `out`.
+    async fn capacity_load(&self, name: &str, tasks: u32, out: &std::path::Path) -> Result<()> {
+        let profiles = self.runs.join(format!("{name}-profiles.toml"));
+        std::fs::write(&profiles, ramp_profile(tasks))?;
+        let status = tokio::process::Command::new(self.bin.join("loadlab"))
+            .args(["profile", "fleet-capacity", "--base", &format!("http://{}", self.listen())])
+            .arg("--profiles")
+            .arg(&profiles)
+            .arg("--tokens")
+            .arg(self.tokens)
+            .args(["--max-in-flight", "4096", "--timeout", "30s", "--seed", "3", "--no-smoke"])
+            .arg("--out")
+            .arg(out)
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(out.with_extension("log"))?)
+            .kill_on_drop(true)
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "loadlab failed: see {}", out.with_extension("log").display());
+        Ok(())
     }
 }
 

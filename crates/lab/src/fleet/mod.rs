@@ -241,8 +241,16 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     // A full run without the surge adds what it measured to the saved record, whose surge stays;
     // each part says when it was measured.
     if !args.quick && !wants("surge") {
-        let saved = std::fs::read_to_string(out_dir.join("fleet.json")).ok();
-        if let Some(mut saved) = saved.and_then(|t| serde_json::from_str::<record::Fleet>(&t).ok()) {
+        let path = out_dir.join("fleet.json");
+        let saved =
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Some(serde_json::from_str::<record::Fleet>(&text).with_context(|| {
+                    format!("{} does not parse: move it away to start a new record", path.display())
+                })?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            };
+        if let Some(mut saved) = saved {
             if wants("throttles") {
                 saved.throttles = fleet.throttles.take();
             }
@@ -252,8 +260,13 @@ pub async fn run(args: FleetArgs) -> Result<()> {
             fleet = saved;
         }
     }
-    let perf_md = (!args.quick && broken.is_empty()).then(|| root.join("docs/PERFORMANCE.md"));
-    for w in record::write(&fleet, &out_dir, perf_md.as_deref())? {
+    // A run that missed a correctness goal is kept beside its raw files, not in the docs.
+    let (out, perf_md) = if broken.is_empty() {
+        (&out_dir, (!args.quick).then(|| root.join("docs/PERFORMANCE.md")))
+    } else {
+        (&runs, None)
+    };
+    for w in record::write(&fleet, out, perf_md.as_deref())? {
         println!("wrote {}", w.display());
     }
     anyhow::ensure!(broken.is_empty(), "the fleet-wide throttles missed: {}", broken.join("; "));
@@ -466,6 +479,11 @@ impl Ctx<'_> {
 
     fn policy(&self) -> Policy {
         let (p, sc) = (self.plan, &self.stack.scaling);
+        // `Autoscaler::slots` counts on a scale-in's tasks being gone before the next scale-out.
+        assert!(
+            self.stack.balancer.deregistration_delay <= sc.scale_out_cooldown,
+            "the deregistration delay outlasts the scale-out cooldown: the fleet's slots would not suffice"
+        );
         Policy {
             target: f64::from(sc.cpu_target_percent) / 100.0,
             min_tasks: p.tasks.min(sc.min_tasks),

@@ -193,26 +193,27 @@ impl Ctx<'_> {
         let mut requests = tokio::task::JoinSet::new();
         let mut next = t0;
         let mut redis = Some(redis);
-        let (mut kill_at, mut before, mut degraded) = (None, Vec::new(), None);
-        let mut last_poll = t0;
-        while next < t0 + 2 * half {
+        let (mut kill_at, mut before, mut poller) = (None, Vec::new(), None);
+        let end = t0 + 2 * half;
+        while next < end {
             tokio::time::sleep_until(next.into()).await;
             if redis.is_some() && t0.elapsed() >= half {
                 before = fallback_checks(&http, &ops).await;
                 drop(redis.take());
-                kill_at = Some(t0.elapsed());
+                let killed = Instant::now();
+                kill_at = Some(killed.duration_since(t0));
                 log(&format!("{:>4.1} s: Redis killed", t0.elapsed().as_secs_f64()));
-            }
-            if let Some(k) = kill_at
-                && degraded.is_none()
-                && last_poll.elapsed() >= Duration::from_millis(100)
-            {
-                last_poll = Instant::now();
-                let http = http.clone();
-                let ops = ops.clone();
-                if all_degraded(&http, &ops).await {
-                    degraded = Some(t0.elapsed().saturating_sub(k));
-                }
+                // Apart from the sender, so that the loop stays on its schedule.
+                let (http, ops) = (http.clone(), ops.clone());
+                poller = Some(tokio::spawn(async move {
+                    while Instant::now() < end {
+                        if all_degraded(&http, &ops).await {
+                            return Some(killed.elapsed());
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    None
+                }));
             }
             let (http, url, auth) = (http.clone(), url.clone(), tenant.authorization.clone());
             let sent = t0.elapsed();
@@ -240,6 +241,10 @@ impl Ctx<'_> {
             samples.push(s.context("a request's task")?);
         }
         let after = fallback_checks(&http, &ops).await;
+        let degraded = match poller {
+            Some(p) => p.await.context("the status poller")?,
+            None => None,
+        };
         Ok((samples, kill_at.context("the run ended before the kill")?, before, after, degraded))
     }
 }
