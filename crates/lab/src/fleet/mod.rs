@@ -437,17 +437,22 @@ impl Ctx<'_> {
         }
     }
 
+    /// HAProxy configured from the stack for `slots` (every one in maintenance until
+    /// registered), its files named after the run.
+    async fn balancer(&self, name: &str, slots: &[Slot]) -> Result<Balancer> {
+        let mut balancer_cfg = self.stack.balancer.clone();
+        balancer_cfg.health.interval = Duration::from_secs(self.plan.health_interval_s);
+        let socket = self.runs.join(format!("{name}-haproxy.sock"));
+        let cfg = self.runs.join(format!("{name}-haproxy.cfg"));
+        std::fs::write(&cfg, haproxy::config(&balancer_cfg, self.listen(), slots, &socket))?;
+        Balancer::start(&cfg, &socket, &self.runs.join(format!("{name}-haproxy.log")), self.listen()).await
+    }
+
     /// The balancer and `tasks` tasks started as `launch` says, registered and past their health
     /// checks (no autoscaler, no worker): the fixed fleets of the throttles' and capacity runs.
     async fn serving(&self, name: &str, tasks: u32, launch: &Launch<'_>) -> Result<(Balancer, Vec<Proc>)> {
         let slots: Vec<Slot> = self.slots().into_iter().take(tasks as usize).collect();
-        let socket = self.runs.join(format!("{name}-haproxy.sock"));
-        let cfg = self.runs.join(format!("{name}-haproxy.cfg"));
-        let mut balancer_cfg = self.stack.balancer.clone();
-        balancer_cfg.health.interval = Duration::from_secs(self.plan.health_interval_s);
-        std::fs::write(&cfg, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
-        let balancer =
-            Balancer::start(&cfg, &socket, &self.runs.join(format!("{name}-haproxy.log")), self.listen()).await?;
+        let balancer = self.balancer(name, &slots).await?;
         let mut procs = Vec::new();
         let mut up = Ok(());
         for slot in &slots {
@@ -548,13 +553,7 @@ impl Ctx<'_> {
     async fn start(&self) -> Result<Live<'_>> {
         let p = self.plan;
         let slots = self.slots();
-        let mut balancer_cfg = self.stack.balancer.clone();
-        balancer_cfg.health.interval = Duration::from_secs(p.health_interval_s);
-        let socket = self.runs.join(format!("{}-haproxy.sock", self.variant));
-        let cfg_path = self.runs.join(format!("{}-haproxy.cfg", self.variant));
-        std::fs::write(&cfg_path, haproxy::config(&balancer_cfg, self.listen(), &slots, &socket))?;
-        let log = self.runs.join(format!("{}-haproxy.log", self.variant));
-        let balancer = Balancer::start(&cfg_path, &socket, &log, self.listen()).await?;
+        let balancer = self.balancer(self.variant, &slots).await?;
         let launch = self.launch();
         let worker = Proc::worker(&launch)?;
         let mut tasks: Vec<Option<Proc>> = (0..slots.len()).map(|_| None).collect();

@@ -265,8 +265,13 @@ impl Proc {
 /// A task's admission figures from its `/v1/ops/status`: the limit summed over the route
 /// classes (`None` with admission off) and the requests in flight.
 pub(crate) async fn admission(http: &reqwest::Client, ops: SocketAddr) -> Option<(Option<f64>, f64)> {
-    let v: serde_json::Value = http.get(format!("http://{ops}/v1/ops/status")).send().await.ok()?.json().await.ok()?;
+    let v = ops_status(http, ops).await?;
     let capacity = v.pointer("/layers/capacity")?;
     let limit = capacity.get("limit").and_then(serde_json::Value::as_f64);
     Some((limit, capacity.get("in_flight")?.as_f64()?))
+}
+
+/// A task's `/v1/ops/status` (`None` when it does not answer).
+pub(crate) async fn ops_status(http: &reqwest::Client, ops: SocketAddr) -> Option<serde_json::Value> {
+    http.get(format!("http://{ops}/v1/ops/status")).send().await.ok()?.json().await.ok()
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::processes::ops_status;
 use super::{Ctx, haproxy, log};
 use crate::rig::services::RedisServer;
 
@@ -253,7 +254,7 @@ impl Ctx<'_> {
 async fn fallback_checks(http: &reqwest::Client, ops: &[SocketAddr]) -> Vec<u64> {
     let mut out = Vec::new();
     for o in ops {
-        let v = status(http, *o).await;
+        let v = ops_status(http, *o).await;
         out.push(v.as_ref().and_then(|v| v.pointer("/layers/throttles/fallback_checks")?.as_u64()).unwrap_or(0));
     }
     out
@@ -261,16 +262,12 @@ async fn fallback_checks(http: &reqwest::Client, ops: &[SocketAddr]) -> Vec<u64>
 
 async fn all_degraded(http: &reqwest::Client, ops: &[SocketAddr]) -> bool {
     for o in ops {
-        let v = status(http, *o).await;
+        let v = ops_status(http, *o).await;
         if v.as_ref().and_then(|v| v.pointer("/layers/throttles/state")?.as_str()) != Some("degraded") {
             return false;
         }
     }
     true
-}
-
-async fn status(http: &reqwest::Client, ops: SocketAddr) -> Option<serde_json::Value> {
-    http.get(format!("http://{ops}/v1/ops/status")).send().await.ok()?.json().await.ok()
 }
 
 /// The windows and tallies: a request answered before the kill is Redis's; everything else
