@@ -310,7 +310,7 @@ pub async fn run(options: &Options) -> Result<Summary, Error> {
     } else if !filled.is_empty() {
         sqlx::raw_sql(
             "TRUNCATE tenants, users, inboxes, contacts, conversations, messages, idempotency_keys, jobs,
-                      conversation_counts, conversation_assignee_counts",
+                      conversation_counts, conversation_assignee_counts, stream_events, stream_heads",
         )
         .execute(&mut *conn)
         .await?;

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id, jobs};
+use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id, jobs, stream};
 
 /// A contact with their conversation count and newest activity (the API's view:
 /// `breakwater_api::views::Contact`).
@@ -232,10 +232,11 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewContact) -> Result<Co
 
 /// Requests the privacy erasure (PDPA/GDPR) of a contact: in one transaction the contact is
 /// tombstoned (from then on it, and every conversation of theirs, answers 404), its
-/// conversations leave the inbox counts, and an `erase_contact` job is enqueued to delete the
-/// rows. It writes one contact row, one job row and the counters of the contact's
-/// conversations (read through the conversations' contact index), so it is fast however much
-/// message history the contact has.
+/// conversations leave the inbox counts, its live-inbox events are deleted and `contact.erased`
+/// appended, and an `erase_contact` job is enqueued to delete the rows. It writes one contact
+/// row, one job row, one event and the counters of the contact's conversations (read through
+/// the conversations' contact index), and deletes the contact's retained events (through their
+/// contact index), so it is fast however much message history the contact has.
 ///
 /// # Errors
 /// [`DomainError::NotFound`] when unknown, another tenant's, or already erased.
@@ -269,6 +270,9 @@ pub async fn request_erasure_traced(
     }
     crate::counts::forget_contact(&mut tx, tenant, id).await?;
     let job_id = jobs::enqueue(&mut tx, jobs::NewJob::erase_contact(tenant, id).with_traceparent(traceparent)).await?;
+    stream::forget_contact(&mut tx, tenant, id).await?;
+    let erased = stream::NewEvent { contact_id: id, ..stream::NewEvent::default() };
+    stream::append(&mut tx, tenant, stream::EventKind::ContactErased, erased).await?;
     tx.commit().await?;
     Ok(ErasureAccepted { job_id })
 }

@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use crate::counts::{self, Bucket};
 use crate::cursor::start;
+use crate::stream::{self, EventKind, NewEvent};
 use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, ids::new_id};
 
 /// Where a conversation stands.
@@ -187,7 +188,8 @@ pub async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) 
     .ok_or(DomainError::NotFound)
 }
 
-/// Opens a conversation between one of the tenant's contacts and one of its inboxes.
+/// Opens a conversation between one of the tenant's contacts and one of its inboxes, counts it,
+/// and appends its `conversation.created` event.
 ///
 /// # Errors
 /// [`DomainError::Invalid`] when the contact, inbox or assignee is not the tenant's.
@@ -223,11 +225,14 @@ pub async fn create(pool: &Pool, tenant: TenantId, new: NewConversation) -> Resu
     counts::shift(&mut tx, tenant, id, None, Some(bucket)).await?;
     // Read back on the same connection: one pool checkout per call.
     let conversation = get(&mut *tx, tenant, id).await?;
+    stream::append(&mut tx, tenant, EventKind::ConversationCreated, NewEvent::of(&conversation)).await?;
     tx.commit().await?;
     Ok(conversation)
 }
 
 /// Changes a conversation's status and/or assignee, and moves it between the counts' buckets.
+/// A change appends a `conversation.updated` event with the values before it; a request that
+/// changes nothing appends none.
 ///
 /// # Errors
 /// [`DomainError::NotFound`] as for [`get`]; [`DomainError::Invalid`] for an assignee who is not
@@ -267,6 +272,14 @@ pub async fn update(pool: &Pool, tenant: TenantId, id: Uuid, changes: Conversati
     .await?;
     counts::shift(&mut tx, tenant, id, Some(before), Some(after)).await?;
     let conversation = get(&mut *tx, tenant, id).await?;
+    if after != before {
+        let event = NewEvent {
+            previous_status: Some(before.status),
+            previous_assignee_id: before.assignee_id,
+            ..NewEvent::of(&conversation)
+        };
+        stream::append(&mut tx, tenant, EventKind::ConversationUpdated, event).await?;
+    }
     tx.commit().await?;
     Ok(conversation)
 }

@@ -1,5 +1,5 @@
 //! Breakwater's chat domain: tenants, inboxes, contacts, conversations and their counts,
-//! messages, jobs and webhooks.
+//! messages, the live inbox's events, jobs and webhooks.
 //!
 //! Architecture invariant: this crate knows nothing of HTTP, Redis or admission control. Every
 //! query that reads or writes tenant data takes a [`TenantId`] and filters by it, so no caller
@@ -17,6 +17,7 @@ mod error;
 mod ids;
 pub mod jobs;
 pub mod messages;
+pub mod stream;
 pub mod tenants;
 pub mod webhooks;
 

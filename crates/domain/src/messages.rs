@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::conversations::ConversationStatus;
 use crate::cursor::start;
+use crate::stream::{self, EventKind, NewEvent};
 use crate::{Cursor, DomainError, Page, Pool, Result, TenantId, UserId, ids::new_id};
 
 /// Who wrote a message.
@@ -215,7 +217,8 @@ pub async fn post(
     // Lock the conversation (serialises appends to it) and share-lock its contact (an erasure
     // requested concurrently waits for us; one already committed hides the conversation).
     let target = sqlx::query!(
-        r#"SELECT c.inbox_id, (i.webhook_url IS NOT NULL) AS "has_webhook!"
+        r#"SELECT c.inbox_id, c.contact_id, c.status AS "status: ConversationStatus", c.assignee_id,
+                  (i.webhook_url IS NOT NULL) AS "has_webhook!"
            FROM conversations c
            JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
            JOIN inboxes i ON i.tenant_id = c.tenant_id AND i.id = c.inbox_id
@@ -262,6 +265,17 @@ pub async fn post(
             .with_traceparent(traceparent);
         crate::jobs::enqueue(&mut tx, job).await?;
     }
+    let event = NewEvent {
+        contact_id: target.contact_id,
+        conversation_id: Some(conversation),
+        inbox_id: Some(target.inbox_id),
+        status: Some(target.status),
+        assignee_id: target.assignee_id,
+        message_id: Some(message.id),
+        preview: Some(preview),
+        ..NewEvent::default()
+    };
+    stream::append(&mut tx, tenant, EventKind::MessageCreated, event).await?;
     tx.commit().await?;
     Ok(Posted { message, replayed: false })
 }
