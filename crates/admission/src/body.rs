@@ -44,12 +44,21 @@ impl<B> fmt::Debug for AdmissionBody<B> {
     }
 }
 
+/// A response extension that marks a long-lived response (a server-sent event stream, a long
+/// poll): admission treats its head as the request's end, releasing its slot and taking its
+/// latency sample then, instead of holding the slot for as long as the body runs. The service
+/// that sets it bounds such responses by other means (a cap of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongLived;
+
 impl<B: Body> AdmissionBody<B> {
-    /// Wraps a response body; the slot (if any) is released when the body ends or is dropped.
-    pub(crate) fn wrap(body: B, guard: Option<SlotGuard>) -> Self {
+    /// Wraps a response body; the slot (if any) is released when the body ends or is dropped,
+    /// or at once for a [`LongLived`] response.
+    pub(crate) fn wrap(body: B, guard: Option<SlotGuard>, long_lived: bool) -> Self {
         let guard = match guard {
-            // Nothing left to send (a 204, an empty body): the response is complete now.
-            Some(g) if body.is_end_stream() => {
+            // Nothing left to send (a 204, an empty body), or a stream that holds no slot: the
+            // request is complete now.
+            Some(g) if long_lived || body.is_end_stream() => {
                 g.complete();
                 None
             }

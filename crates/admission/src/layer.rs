@@ -236,7 +236,10 @@ where
                     let result = ready!(fut.poll(cx));
                     let guard = guard.take();
                     state.set(State::Done);
-                    return Poll::Ready(result.map(|res| res.map(|body| AdmissionBody::wrap(body, guard))));
+                    return Poll::Ready(result.map(|res| {
+                        let long_lived = res.extensions().get::<crate::body::LongLived>().is_some();
+                        res.map(|body| AdmissionBody::wrap(body, guard, long_lived))
+                    }));
                 }
                 StateProj::Refused { refusal } => {
                     let refusal = *refusal;

@@ -44,7 +44,7 @@ mod refusal;
 mod snapshot;
 mod state;
 
-pub use body::AdmissionBody;
+pub use body::{AdmissionBody, LongLived};
 pub use config::{AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, Mode, ParseError};
 pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_timeout};
 pub use pacing::{

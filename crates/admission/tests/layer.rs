@@ -143,6 +143,32 @@ async fn the_slot_is_held_until_the_body_has_been_sent() {
 }
 
 #[tokio::test]
+async fn a_long_lived_response_frees_its_slot_with_its_head() {
+    let a = admission(static_config(1, 0));
+    let (tx, rx) = mpsc::channel(4);
+    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+    let inner = tower::service_fn(move |_req: Request<Body>| {
+        let body = rx.lock().ok().and_then(|mut r| r.take());
+        async move {
+            let Some(rx) = body else { panic!("one call only") };
+            let mut res = Response::new(Streamed(rx));
+            res.extensions_mut().insert(breakwater_admission::LongLived);
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
+    let Ok(res) = svc.oneshot(request("/", None)).await;
+    assert_eq!(in_flight(&a), 0, "a stream's head is its request's end");
+    assert_eq!(a.snapshot().admitted_total, 1);
+    assert!(a.snapshot().p50_ms.is_some(), "the time to its head is a latency sample");
+    // Its body still runs.
+    let mut body = res.into_body();
+    let _ = tx.send(Bytes::from_static(b"event")).await;
+    assert!(body.frame().await.is_some());
+    assert_eq!(in_flight(&a), 0);
+}
+
+#[tokio::test]
 async fn a_body_dropped_midway_frees_the_slot() {
     let a = admission(static_config(1, 4));
     let (tx, rx) = mpsc::channel(4);

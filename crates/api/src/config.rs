@@ -125,6 +125,49 @@ impl ThrottleConfig {
     }
 }
 
+/// The live inbox's streams (`GET /v1/stream`); docs/OPERATIONS.md sizes them per task.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StreamConfig {
+    /// Most streams open on one task; past it, 503 `streams_full`. Each holds a connection, so
+    /// it must stay below `MAX_CONNECTIONS`.
+    #[arg(long = "stream-max", env = "STREAM_MAX", default_value_t = 2_048)]
+    pub max: usize,
+    /// Most streams of one tenant open on one task; past it, 429 `stream_limit`.
+    #[arg(long = "stream-max-per-tenant", env = "STREAM_MAX_PER_TENANT", default_value_t = 512)]
+    pub max_per_tenant: usize,
+    /// Events a stream may fall behind (its client reading too slowly) before it is sent
+    /// `resync` and closed: the size of each tenant's ring of events on the task.
+    #[arg(long = "stream-buffer", env = "STREAM_BUFFER", default_value_t = 256)]
+    pub buffer: usize,
+    /// Most events replayed to a client that resumes with `Last-Event-ID`; one further behind
+    /// gets `resync`.
+    #[arg(long = "stream-replay-max", env = "STREAM_REPLAY_MAX", default_value_t = 1_000)]
+    pub replay_max: u32,
+    /// Seconds between heartbeats (a comment line) on an idle stream: under the load balancer's
+    /// idle timeout (an ALB's is 60 s).
+    #[arg(long = "stream-heartbeat-secs", env = "STREAM_HEARTBEAT_SECS", default_value_t = 20)]
+    pub heartbeat_secs: u64,
+    /// The reconnect delay clients are told (`retry:`), in ms: each is told a delay between it
+    /// and twice it, so a task's streams do not all come back at once.
+    #[arg(long = "stream-retry-ms", env = "STREAM_RETRY_MS", default_value_t = 2_000)]
+    pub retry_ms: u64,
+}
+
+impl StreamConfig {
+    /// The hub's settings.
+    #[must_use]
+    pub fn settings(&self) -> crate::stream::Settings {
+        crate::stream::Settings {
+            max: self.max,
+            max_per_tenant: self.max_per_tenant,
+            buffer: self.buffer,
+            replay_max: i64::from(self.replay_max),
+            heartbeat: Duration::from_secs(self.heartbeat_secs),
+            retry: Duration::from_millis(self.retry_ms),
+        }
+    }
+}
+
 /// Everything `breakwater-api serve` reads.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
@@ -237,6 +280,9 @@ pub struct Config {
     /// How often the tokio runtime's figures are sampled for `/metrics`, in ms.
     #[arg(long, env = "RUNTIME_METRICS_INTERVAL_MS", default_value_t = 1_000)]
     pub runtime_metrics_interval_ms: u64,
+    /// The live inbox's streams (`STREAM_*`).
+    #[command(flatten)]
+    pub stream: StreamConfig,
     /// The CloudWatch metric lines (`METRICS_EMF_*`, shared with the worker).
     #[command(flatten)]
     pub metrics_emf: breakwater_telemetry::emf::Options,
@@ -293,6 +339,12 @@ pub enum ConfigError {
     /// The connection-level timeouts contradict each other.
     #[error("{0}")]
     Timeouts(&'static str),
+    /// The stream caps contradict each other or the connection cap.
+    #[error(
+        "STREAM_MAX must be positive and below MAX_CONNECTIONS, STREAM_MAX_PER_TENANT between 1 and STREAM_MAX, \
+         STREAM_BUFFER, STREAM_REPLAY_MAX and STREAM_RETRY_MS positive"
+    )]
+    Streams,
     /// The CloudWatch namespace is empty or AWS's own, or the environment is empty.
     #[error("METRICS_EMF_NAMESPACE must be set and not start with AWS/, METRICS_EMF_ENVIRONMENT must be set")]
     Metrics,
@@ -332,6 +384,20 @@ impl Config {
             return Err(ConfigError::Timeouts(
                 "JOBS_STATS_TIMEOUT_MS must be positive and RUNTIME_METRICS_INTERVAL_MS at least 10",
             ));
+        }
+        let st = &self.stream;
+        if st.max == 0
+            || st.max_per_tenant == 0
+            || st.max_per_tenant > st.max
+            || st.max >= self.max_connections
+            || st.buffer == 0
+            || st.replay_max == 0
+            || st.retry_ms == 0
+        {
+            return Err(ConfigError::Streams);
+        }
+        if st.heartbeat_secs == 0 || st.heartbeat_secs >= self.keep_alive_timeout_secs {
+            return Err(ConfigError::Timeouts("STREAM_HEARTBEAT_SECS must be between 1 and KEEP_ALIVE_TIMEOUT_SECS"));
         }
         self.metrics_emf.validate().map_err(|_| ConfigError::Metrics)?;
         Ok(())

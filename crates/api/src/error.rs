@@ -38,6 +38,8 @@ pub enum ErrorCode {
     BodyTimeout,
     /// A throttle bucket ran out (429).
     RateLimited,
+    /// The tenant has as many streams open on this task as it may (429).
+    StreamLimit,
     /// Over capacity: admission's queue was full, or the edge's connection cap was reached (503).
     LoadShed,
     /// No admission slot within the longest wait, or a client deadline that could not be met (503).
@@ -48,13 +50,15 @@ pub enum ErrorCode {
     DbUnavailable,
     /// The handler ran past the request timeout (503).
     RequestTimeout,
+    /// This task holds as many streams as it may, or is shutting down (503).
+    StreamsFull,
     /// A bug (500).
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for tests that check the list against the OpenAPI document and the docs.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 17] = [
         Self::InvalidRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -64,11 +68,13 @@ impl ErrorCode {
         Self::BodyTooLarge,
         Self::BodyTimeout,
         Self::RateLimited,
+        Self::StreamLimit,
         Self::LoadShed,
         Self::QueueTimeout,
         Self::DbSaturated,
         Self::DbUnavailable,
         Self::RequestTimeout,
+        Self::StreamsFull,
         Self::Internal,
     ];
 
@@ -85,11 +91,13 @@ impl ErrorCode {
             Self::BodyTooLarge => "body_too_large",
             Self::BodyTimeout => "body_timeout",
             Self::RateLimited => "rate_limited",
+            Self::StreamLimit => "stream_limit",
             Self::LoadShed => "load_shed",
             Self::QueueTimeout => "queue_timeout",
             Self::DbSaturated => "db_saturated",
             Self::DbUnavailable => "db_unavailable",
             Self::RequestTimeout => "request_timeout",
+            Self::StreamsFull => "streams_full",
             Self::Internal => "internal",
         }
     }
@@ -103,10 +111,13 @@ impl ErrorCode {
             Self::Forbidden => "forbidden",
             Self::NotFound => "not_found",
             Self::Conflict => "conflict",
-            Self::RateLimited => "rate_limited",
-            Self::LoadShed | Self::QueueTimeout | Self::DbSaturated | Self::DbUnavailable | Self::RequestTimeout => {
-                "service_unavailable"
-            }
+            Self::RateLimited | Self::StreamLimit => "rate_limited",
+            Self::LoadShed
+            | Self::QueueTimeout
+            | Self::DbSaturated
+            | Self::DbUnavailable
+            | Self::RequestTimeout
+            | Self::StreamsFull => "service_unavailable",
             Self::Internal => "internal",
         }
     }
@@ -235,6 +246,18 @@ pub enum ApiError {
         /// Seconds until a retry is admitted.
         retry_after: u64,
     },
+    /// The tenant has `STREAM_MAX_PER_TENANT` streams open on this task.
+    #[error("this tenant has as many streams open on this task as it may")]
+    StreamLimit {
+        /// Seconds to wait before opening another (jittered).
+        retry_after: u64,
+    },
+    /// This task holds `STREAM_MAX` streams, or is shutting down.
+    #[error("this task holds as many streams as it may, or is shutting down")]
+    StreamsFull {
+        /// Seconds to wait before reconnecting (jittered).
+        retry_after: u64,
+    },
     /// No database connection within the acquire timeout (the pool bulkhead).
     #[error("database busy: no connection within the acquire timeout")]
     DbSaturated,
@@ -264,6 +287,8 @@ impl ApiError {
             Self::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge),
             Self::BodyTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, ErrorCode::BodyTimeout),
             Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited),
+            Self::StreamLimit { .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::StreamLimit),
+            Self::StreamsFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::StreamsFull),
             Self::DbSaturated => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DbSaturated),
             Self::DbUnavailable => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DbUnavailable),
             Self::Timeout => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::RequestTimeout),
@@ -281,7 +306,9 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            Self::RateLimited { retry_after, .. }
+            | Self::StreamLimit { retry_after }
+            | Self::StreamsFull { retry_after } => Some(*retry_after),
             Self::DbSaturated | Self::Timeout | Self::BodyTimeout { .. } => Some(1),
             Self::DbUnavailable => Some(2),
             _ => None,

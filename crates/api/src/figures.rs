@@ -367,6 +367,7 @@ pub fn read(state: &AppState, queue: Option<crate::queue_stats::Reading>) -> Fig
     out.under("/layers/pool", |out| crate::routes::ops::Pool::read(state).publish(out));
     out.under("/layers/throttles", |out| state.throttles.status().publish(out));
     out.under("/layers/capacity", |out| state.admission.snapshot().publish(out));
+    out.under("/layers/streams", |out| state.streams.status().publish(out));
     out.under("/layers/jobs", |out| {
         crate::queue_stats::JobFigures { reading: queue, failures: state.queue_stats.failures() }.publish(out);
     });

@@ -37,6 +37,7 @@ pub mod redis;
 mod routes;
 pub mod server;
 pub mod state;
+pub mod stream;
 pub mod telemetry;
 pub mod throttle;
 pub mod throttle_layer;
@@ -208,6 +209,9 @@ impl Running {
     /// When the server task failed.
     pub async fn shutdown(self, drain_delay: Duration) -> anyhow::Result<()> {
         self.state.shutting_down.store(true, Ordering::Relaxed);
+        // Streams end now, each with a jittered reconnect hint, while the balancer still sends
+        // their reconnections elsewhere; new ones are refused.
+        self.state.streams.close();
         tokio::time::sleep(drain_delay).await;
         self.shutdown.cancel();
         let served = self.task.await;
@@ -274,6 +278,7 @@ pub async fn start_with_pool(
         state.config.runtime_metrics_interval(),
         shutdown.clone(),
     ));
+    tokio::spawn(stream::listener::run(state.streams.clone(), state.pool.clone(), shutdown.clone()));
     let emf = state.config.metrics_emf.start(emf::ApiSource::new(state.clone()));
     let task = tokio::spawn(server::serve(
         listener,

@@ -5,7 +5,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::ErrorEnvelope;
-use crate::routes::{contacts, conversations, health, messages};
+use crate::routes::{contacts, conversations, health, messages, stream};
 
 /// The API's OpenAPI description.
 #[derive(Debug, OpenApi)]
@@ -17,11 +17,12 @@ use crate::routes::{contacts, conversations, health, messages};
         conversations::update,
         messages::list, messages::create,
         contacts::list, contacts::show, contacts::create, contacts::erase,
+        stream::open,
         health::health,
     ),
-    components(schemas(breakwater_domain::messages::Order, crate::error::ErrorCode)),
+    components(schemas(breakwater_domain::messages::Order, crate::error::ErrorCode, crate::views::StreamEvent)),
     modifiers(&BearerAuth, &Roles, &LayerResponses),
-    tags((name = "conversations"), (name = "messages"), (name = "contacts"), (name = "ops"))
+    tags((name = "conversations"), (name = "messages"), (name = "contacts"), (name = "stream"), (name = "ops"))
 )]
 pub struct ApiDoc;
 

@@ -25,7 +25,7 @@ const fn allow(method: Method, path: &'static str, role: Role) -> Permission {
 }
 
 /// Every tenant operation. Erasure is irreversible and is an admin's alone.
-pub static PERMISSIONS: [Permission; 11] = [
+pub static PERMISSIONS: [Permission; 12] = [
     allow(Method::GET, "/v1/conversations", Role::Agent),
     allow(Method::GET, "/v1/conversations/counts", Role::Agent),
     allow(Method::POST, "/v1/conversations", Role::Agent),
@@ -37,6 +37,7 @@ pub static PERMISSIONS: [Permission; 11] = [
     allow(Method::POST, "/v1/contacts", Role::Agent),
     allow(Method::GET, "/v1/contacts/{id}", Role::Agent),
     allow(Method::DELETE, "/v1/contacts/{id}", Role::Admin),
+    allow(Method::GET, "/v1/stream", Role::Agent),
 ];
 
 /// The least role for an operation, or `None` when the table does not list it.

@@ -42,6 +42,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Open client connections, counted by the server.
     pub connections: Arc<Connections>,
+    /// The live inbox's streams open on this task.
+    pub streams: Arc<crate::stream::Hub>,
     /// The job queue's figures, cached.
     pub queue_stats: Arc<crate::queue_stats::QueueStatsCache>,
     /// When the process started.
@@ -69,6 +71,7 @@ impl AppState {
                     .with_accept_rate(config.max_accept_rate),
             ),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            streams: Arc::new(crate::stream::Hub::new(config.stream.settings())),
             queue_stats: Arc::new(crate::queue_stats::QueueStatsCache::new(
                 config.jobs_stats_ttl(),
                 config.jobs_stats_timeout(),

@@ -259,3 +259,73 @@ mod tests {
         assert!(!json.contains("internal-sort-key") && !json.contains("sort_key"), "{json}");
     }
 }
+
+/// One event of `GET /v1/stream`, the `data:` of an SSE event whose `event:` is `type` and
+/// whose `id:` is `id`. Fields that do not apply to the type are absent.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StreamEvent {
+    /// Its number in the tenant's sequence: send it back as `Last-Event-ID` to resume after it.
+    pub id: i64,
+    /// `conversation.created`, `conversation.updated`, `message.created` or `contact.erased`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// When the change was made.
+    pub at: DateTime<Utc>,
+    /// The contact concerned. After `contact.erased`, drop every conversation of theirs.
+    pub contact_id: Uuid,
+    /// The conversation concerned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<Uuid>,
+    /// Its inbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inbox_id: Option<Uuid>,
+    /// Its status after the change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<ConversationStatus>,
+    /// Its assignee after the change (`null`: nobody). Absent from `contact.erased`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assignee_id: Option<Option<Uuid>>,
+    /// `conversation.updated`: what it was before, so that a filtered list can drop a
+    /// conversation that left it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<StreamPrevious>,
+    /// `message.created`: the message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<StreamMessage>,
+}
+
+/// A conversation's status and assignee before a `conversation.updated`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StreamPrevious {
+    /// The status before.
+    pub status: ConversationStatus,
+    /// The assignee before (`null`: nobody).
+    pub assignee_id: Option<Uuid>,
+}
+
+/// The message of a `message.created`: its preview, never its whole body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StreamMessage {
+    /// The message's id.
+    pub id: Uuid,
+    /// The start of its body (the inbox list's preview).
+    pub preview: String,
+}
+
+impl From<&breakwater_domain::stream::Event> for StreamEvent {
+    fn from(e: &breakwater_domain::stream::Event) -> Self {
+        let conversation = e.conversation_id.is_some();
+        Self {
+            id: e.id,
+            kind: e.kind.as_str(),
+            at: e.at,
+            contact_id: e.contact_id,
+            conversation_id: e.conversation_id,
+            inbox_id: e.inbox_id,
+            status: e.status,
+            assignee_id: conversation.then_some(e.assignee_id),
+            previous: e.previous_status.map(|status| StreamPrevious { status, assignee_id: e.previous_assignee_id }),
+            message: e.message_id.zip(e.preview.clone()).map(|(id, preview)| StreamMessage { id, preview }),
+        }
+    }
+}

@@ -74,6 +74,10 @@ enum Sweep {
     Counts { foreign: Vec<String> },
     /// A create: each body naming B's rows is refused with 422; `own` (A's rows only) succeeds.
     Create { foreign: Vec<Value>, own: Value },
+    /// The live stream: opened by A with each query (B's ids in filters) and each
+    /// `Last-Event-ID` (B's newest), it carries A's own events and nothing of B's. (Both tenants
+    /// writing at once is `tests/stream.rs`'s.)
+    Stream { queries: Vec<String>, last_event_ids: Vec<String> },
     /// No tenant data at all: answers 200 and nothing of B's.
     TenantNeutral,
 }
@@ -129,6 +133,15 @@ fn coverage(op: &str, a: &World, b: &World) -> Option<Sweep> {
             own: json!({"contact_id": a.contacts[0], "inbox_id": a.t.inbox}),
         },
         "POST /v1/contacts" => Sweep::Create { foreign: vec![], own: json!({"name": "Ana", "email": "ana@a.example"}) },
+        "GET /v1/stream" => Sweep::Stream {
+            queries: vec![
+                String::new(),
+                format!("?inbox_id={}", b.t.inbox),
+                format!("?assignee_id={}", b.t.agent),
+                "?status=open".into(),
+            ],
+            last_event_ids: vec!["1".into(), b.last_event_id.clone()],
+        },
         "GET /health" => Sweep::TenantNeutral,
         _ => return None,
     };
@@ -146,6 +159,8 @@ struct World {
     contact_cursor: String,
     /// Strings only this tenant's rows hold.
     secrets: Vec<String>,
+    /// The id of this tenant's newest stream event.
+    last_event_id: String,
 }
 
 impl World {
@@ -173,7 +188,9 @@ impl World {
         let cursor = |r: Reply| r.body["next_cursor"].as_str().expect("a second page").to_owned();
         let conversation_cursor = cursor(app.get("/v1/conversations?limit=1", &t.token).await);
         let contact_cursor = cursor(app.get("/v1/contacts?limit=1", &t.token).await);
-        Self { t, contacts, conversations, messages, conversation_cursor, contact_cursor, secrets }
+        let head = breakwater_domain::stream::head(pool, t.id).await.expect("the stream's head");
+        let last_event_id = head.last_id.to_string();
+        Self { t, contacts, conversations, messages, conversation_cursor, contact_cursor, secrets, last_event_id }
     }
 
     /// Every id of this tenant: its own, its users', inboxes' and rows'.
@@ -201,11 +218,15 @@ fn split(op: &str) -> (Method, &str) {
 
 /// Fails when a response to A holds any id or text of B's.
 fn assert_no_trace_of(b: &World, what: &str, r: &Reply) {
+    assert_text_has_no_trace_of(b, what, &r.text);
+}
+
+fn assert_text_has_no_trace_of(b: &World, what: &str, text: &str) {
     for id in b.ids() {
-        assert!(!r.text.contains(&id.to_string()), "{what}: B's id {id} leaked: {}", r.text);
+        assert!(!text.contains(&id.to_string()), "{what}: B's id {id} leaked: {text}");
     }
     for s in &b.secrets {
-        assert!(!r.text.contains(s.as_str()), "{what}: B's data {s:?} leaked: {}", r.text);
+        assert!(!text.contains(s.as_str()), "{what}: B's data {s:?} leaked: {text}");
     }
 }
 
@@ -307,6 +328,30 @@ async fn every_documented_operation_keeps_tenants_apart(pool: PgPool) {
                 }
                 let r = app.call(method.clone(), template, Some(&a.t.token), Some(own.clone())).await;
                 assert_eq!(r.status, StatusCode::CREATED, "{op} with A's own rows: {}", r.text);
+            }
+            Sweep::Stream { queries, last_event_ids } => {
+                let resumes = last_event_ids.iter().map(Some).chain([None]);
+                for (q, last) in queries.iter().flat_map(|q| resumes.clone().map(move |l| (q, l))) {
+                    let what = format!("{op}{q} after {last:?}");
+                    let mut s =
+                        common::sse::open(&app, &format!("{template}{q}"), &a.t.token, last.map(String::as_str)).await;
+                    assert_eq!(s.status, StatusCode::OK, "{what}: {}", s.text);
+                    s.next_frame(Duration::from_secs(10)).await.expect("the opening hint");
+                    // A marker of A's own, which every filter here but B's rows lets through,
+                    // ends the read: whatever B's could have leaked is before it.
+                    let marker = format!("marker {}", Uuid::now_v7());
+                    a.t.message(&app, a.conversations[0], &marker).await;
+                    let shows_a = q.is_empty() || q == "?status=open";
+                    if shows_a {
+                        s.events_until(Duration::from_secs(10), |f| {
+                            f.data.as_deref().is_some_and(|d| d.contains(&marker))
+                        })
+                        .await;
+                    } else {
+                        assert!(s.next_event(Duration::from_millis(300)).await.is_none(), "{what}: {}", s.text);
+                    }
+                    assert_text_has_no_trace_of(&b, &what, &s.text);
+                }
             }
             Sweep::TenantNeutral => {
                 let r = app.call(method.clone(), template, Some(&a.t.token), None).await;

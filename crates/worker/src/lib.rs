@@ -57,6 +57,10 @@ pub struct WorkerOptions {
     pub dead_retention: Duration,
     /// How long a message's `Idempotency-Key` is remembered; a retry after it is a new request.
     pub idempotency_retention: Duration,
+    /// How long the live inbox's events are kept for clients that resume (`Last-Event-ID`).
+    pub stream_retention: Duration,
+    /// Most live-inbox events kept per tenant, however young.
+    pub stream_keep_per_tenant: i64,
     /// On stop, how long running jobs get to finish before they are interrupted and released.
     /// Keep it below the container's stop timeout.
     pub shutdown_budget: Duration,
@@ -102,6 +106,8 @@ impl Default for WorkerOptions {
             completed_retention: Duration::from_secs(d::COMPLETED_RETENTION_SECS),
             dead_retention: Duration::from_secs(d::DEAD_RETENTION_SECS),
             idempotency_retention: Duration::from_secs(d::IDEMPOTENCY_RETENTION_SECS),
+            stream_retention: Duration::from_secs(d::STREAM_RETENTION_SECS),
+            stream_keep_per_tenant: d::STREAM_KEEP_PER_TENANT,
             shutdown_budget: Duration::from_secs(d::SHUTDOWN_BUDGET_SECS),
             job_timeout: Duration::from_secs(d::JOB_TIMEOUT_SECS),
             backoff: Backoff::default(),

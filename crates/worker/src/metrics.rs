@@ -87,6 +87,7 @@ pub(crate) struct Metrics {
     rescued: Counter,
     pruned: Counter,
     keys_pruned: Counter,
+    stream_events_pruned: Counter,
     connections_opened: Counter,
     connections_reused: Counter,
     /// Scrapes advance the totals, then encode: one at a time.
@@ -107,6 +108,7 @@ impl Metrics {
             rescued: Counter::default(),
             pruned: Counter::default(),
             keys_pruned: Counter::default(),
+            stream_events_pruned: Counter::default(),
             connections_opened: Counter::default(),
             connections_reused: Counter::default(),
             render_lock: Mutex::new(()),
@@ -148,6 +150,11 @@ impl Metrics {
             self.keys_pruned.clone(),
         );
         r.register(
+            "stream_events_pruned",
+            "Live-inbox events this process deleted after their retention (age or per-tenant count)",
+            self.stream_events_pruned.clone(),
+        );
+        r.register(
             "webhook_connections_opened",
             "Connections the webhook client opened",
             self.connections_opened.clone(),
@@ -184,6 +191,7 @@ impl Metrics {
         advance(&self.rescued, counts.rescued);
         advance(&self.pruned, counts.pruned);
         advance(&self.keys_pruned, counts.keys_pruned);
+        advance(&self.stream_events_pruned, counts.stream_events_pruned);
         advance(&self.connections_opened, counts.client.connections_opened);
         advance(&self.connections_reused, counts.client.reused);
         encode(&self.registry)

@@ -47,6 +47,8 @@ pub struct Counts {
     pub pruned: u64,
     /// Idempotency keys past their retention deleted by this worker.
     pub keys_pruned: u64,
+    /// Live-inbox events past their retention (by age or per-tenant count) deleted by this worker.
+    pub stream_events_pruned: u64,
     /// The webhook client's figures.
     pub client: ClientCounts,
 }
@@ -62,6 +64,7 @@ struct Counters {
     rescued: AtomicU64,
     pruned: AtomicU64,
     keys_pruned: AtomicU64,
+    stream_events_pruned: AtomicU64,
 }
 
 impl Counters {
@@ -81,6 +84,7 @@ impl Counters {
             rescued: get(&self.rescued),
             pruned: get(&self.pruned),
             keys_pruned: get(&self.keys_pruned),
+            stream_events_pruned: get(&self.stream_events_pruned),
             client,
         }
     }
@@ -545,8 +549,25 @@ async fn prune_idempotency_keys(shared: &Shared) {
     }
 }
 
+/// Deletes the live inbox's events past their retention: older than it, or past the newest
+/// `stream_keep_per_tenant` of a tenant.
+async fn prune_stream_events(shared: &Shared) {
+    let o = &shared.options;
+    match breakwater_domain::stream::prune(
+        &shared.pool,
+        o.stream_retention.as_secs_f64(),
+        o.stream_keep_per_tenant,
+        MAINTENANCE_BATCH,
+    )
+    .await
+    {
+        Ok(p) => Counters::add(&shared.counters.stream_events_pruned, p.by_age + p.by_count),
+        Err(e) => tracing::warn!(error = %e, "pruning the stream's events failed"),
+    }
+}
+
 /// Rescues expired leases often (a dead worker's jobs wait at most a lease plus this interval)
-/// and prunes finished jobs and old idempotency keys now and then. Every worker runs it; `SKIP LOCKED` keeps them apart.
+/// and prunes finished jobs, old idempotency keys and old stream events now and then. Every worker runs it; `SKIP LOCKED` keeps them apart.
 async fn maintenance_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let options = &shared.options;
     let mut rescue = tokio::time::interval(options.rescue_interval);
@@ -589,7 +610,10 @@ async fn maintenance_loop(shared: Arc<Shared>, stop: CancellationToken) {
                     Err(e) => { tracing::warn!(error = %e, "pruning failed"); break; }
                 }
             },
-            _ = keys.tick() => prune_idempotency_keys(&shared).await,
+            _ = keys.tick() => {
+                prune_idempotency_keys(&shared).await;
+                prune_stream_events(&shared).await;
+            }
         }
     }
 }

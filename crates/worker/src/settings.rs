@@ -30,6 +30,10 @@ pub mod defaults {
     pub const DEAD_RETENTION_SECS: u64 = 604_800;
     /// How long a message's `Idempotency-Key` is remembered, s.
     pub const IDEMPOTENCY_RETENTION_SECS: u64 = 86_400;
+    /// How long the live inbox's events are kept for resuming clients, s.
+    pub const STREAM_RETENTION_SECS: u64 = 86_400;
+    /// Most live-inbox events kept per tenant.
+    pub const STREAM_KEEP_PER_TENANT: i64 = 10_000;
     /// On stop, how long running jobs get to finish, s.
     pub const SHUTDOWN_BUDGET_SECS: u64 = 20;
     /// The longest one attempt may run, s.
@@ -105,6 +109,14 @@ pub struct Settings {
     /// finished jobs, and a retry after it is a new request.
     #[arg(long, env = "WORKER_IDEMPOTENCY_RETENTION_SECS", default_value_t = defaults::IDEMPOTENCY_RETENTION_SECS)]
     pub idempotency_retention_secs: u64,
+    /// How long the live inbox's events are kept for clients that resume with `Last-Event-ID`,
+    /// s; a client further behind gets `resync`. Pruned on the prune interval.
+    #[arg(long, env = "WORKER_STREAM_RETENTION_SECS", default_value_t = defaults::STREAM_RETENTION_SECS)]
+    pub stream_retention_secs: u64,
+    /// Most live-inbox events kept per tenant, however young (a tenant's burst cannot grow the
+    /// table without bound).
+    #[arg(long, env = "WORKER_STREAM_KEEP_PER_TENANT", default_value_t = defaults::STREAM_KEEP_PER_TENANT)]
+    pub stream_keep_per_tenant: i64,
     /// On SIGTERM, how long running jobs get to finish before they are released, s. Keep it
     /// below the container's stop timeout (ECS and Docker default to 30 s).
     #[arg(long, env = "WORKER_SHUTDOWN_BUDGET_SECS", default_value_t = defaults::SHUTDOWN_BUDGET_SECS)]
@@ -181,6 +193,8 @@ impl Settings {
             completed_retention: Duration::from_secs(self.completed_retention_secs),
             dead_retention: Duration::from_secs(self.dead_retention_secs),
             idempotency_retention: Duration::from_secs(self.idempotency_retention_secs),
+            stream_retention: Duration::from_secs(self.stream_retention_secs),
+            stream_keep_per_tenant: self.stream_keep_per_tenant.max(1),
             shutdown_budget: Duration::from_secs(self.shutdown_budget_secs),
             job_timeout: Duration::from_secs(self.job_timeout_secs.max(1)),
             backoff: Backoff {
@@ -244,6 +258,7 @@ mod tests {
                 (o.completed_retention, o.dead_retention, o.idempotency_retention, o.shutdown_budget, o.job_timeout),
                 (o.backoff.base, o.backoff.max, o.erase_batch, o.exit_when_idle, o.kinds.clone()),
                 (o.client.connect_timeout, o.client.request_timeout, o.client.idle_timeout, o.client.max_idle_per_host),
+                (o.stream_retention, o.stream_keep_per_tenant),
             )
         };
         assert_eq!(pick(&flags), pick(&lib));

@@ -53,19 +53,24 @@ pub(crate) async fn list(
     auth: Auth,
     Query(params): Query<ListParams>,
 ) -> ApiResult<axum::Json<Page<Conversation>>> {
-    let assignee = match params.assignee_id.as_deref() {
+    let assignee = assignee_filter(params.assignee_id.as_deref())?;
+    let filter = InboxFilter { status: params.status, inbox_id: params.inbox_id, assignee };
+    let limit = super::page_size(params.limit)?;
+    let cursor = super::cursor(&state, params.cursor.as_deref())?;
+    let page = conversations::list(&state.pool, auth.tenant, filter, cursor.as_ref(), limit).await?;
+    Ok(axum::Json(super::sealed(&state, page)))
+}
+
+/// The `assignee_id` filter of the inbox list and the stream: an agent's id or `unassigned`.
+pub(crate) fn assignee_filter(raw: Option<&str>) -> ApiResult<AssigneeFilter> {
+    Ok(match raw {
         None => AssigneeFilter::Any,
         Some("unassigned") => AssigneeFilter::Unassigned,
         Some(raw) => AssigneeFilter::User(
             Uuid::parse_str(raw)
                 .map_err(|_| ApiError::InvalidRequest("assignee_id must be a UUID or `unassigned`".into()))?,
         ),
-    };
-    let filter = InboxFilter { status: params.status, inbox_id: params.inbox_id, assignee };
-    let limit = super::page_size(params.limit)?;
-    let cursor = super::cursor(&state, params.cursor.as_deref())?;
-    let page = conversations::list(&state.pool, auth.tenant, filter, cursor.as_ref(), limit).await?;
-    Ok(axum::Json(super::sealed(&state, page)))
+    })
 }
 
 /// Query parameters of the counts.

@@ -9,6 +9,7 @@ pub(crate) mod conversations;
 pub(crate) mod health;
 pub(crate) mod messages;
 pub(crate) mod ops;
+pub(crate) mod stream;
 
 /// The public routes: the tenant routes, behind the throttles and the database bulkhead, and
 /// `/health`. Readiness, metrics and ops status are on the ops listener ([`ops_router`]).
@@ -17,6 +18,7 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
         .merge(conversations::router())
         .merge(messages::router())
         .merge(contacts::router())
+        .merge(stream::router())
         // The last layer added runs first: throttles, then the bulkhead.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::bulkhead::hold_slot))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::throttle_layer::throttle));

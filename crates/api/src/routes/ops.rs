@@ -43,6 +43,8 @@ pub(crate) struct Layers {
     retry_pacing: breakwater_admission::PacingSnapshot,
     /// Per-tenant, per-user and per-IP throttles.
     throttles: crate::throttle::ThrottleStatus,
+    /// The live inbox's streams: the caps, what is open, and what was refused or resynced.
+    streams: crate::stream::StreamStatus,
     /// Slots for database work (a request without one in time gets 503 `db_saturated`).
     bulkhead: crate::bulkhead::BulkheadStatus,
     /// The database pool behind the bulkhead.
@@ -196,6 +198,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
             capacity: state.admission.snapshot(),
             retry_pacing: state.pacing.snapshot(),
             throttles: state.throttles.status(),
+            streams: state.streams.status(),
             bulkhead: state.bulkhead.status(),
             pool: Pool::read(&state),
             postgres: Postgres { max_connections },

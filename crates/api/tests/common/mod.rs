@@ -1,6 +1,8 @@
 //! Test harness: the real app on a random port over a fresh database, and builders for data.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod sse;
+
 use std::time::Duration;
 
 use breakwater_api::Running;

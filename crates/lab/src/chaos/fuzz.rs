@@ -52,6 +52,9 @@ pub(super) async fn run(bed: &Testbed, api: &Api, report: &mut Report) -> anyhow
             .args(["--max-time", &budget.to_string(), "--workers", "1", "--request-timeout", "10"])
             .args(["--phases", "examples,coverage,fuzzing", "--no-color"])
             .args(["-H", &format!("Authorization: Bearer {}", tenant.token)])
+            // The stream answers 200 with a body that never ends: schemathesis would wait out its
+            // request timeout on every case. Its bad input is the API's tests' (tests/stream.rs).
+            .args(["--exclude-path", "/v1/stream"])
             .env("SCHEMATHESIS_HOOKS", "")
             // It keeps a cache (.schemathesis/) in its working directory: the test bed's, not the repository.
             .current_dir(&bed.dir)
@@ -77,7 +80,7 @@ pub(super) async fn run(bed: &Testbed, api: &Api, report: &mut Report) -> anyhow
         }
         report.check(
             S,
-            &format!("schemathesis, tenant {name}'s token, all operations"),
+            &format!("schemathesis, tenant {name}'s token, every operation but the stream"),
             "exit 0: no 5xx, no schema or status violations",
             format!("{} after {} s: {}", out.status, started.elapsed().as_secs(), summary.join(" / ")),
             out.status.success(),
