@@ -151,6 +151,16 @@ pub struct StreamConfig {
     /// and twice it, so a task's streams do not all come back at once.
     #[arg(long = "stream-retry-ms", env = "STREAM_RETRY_MS", default_value_t = 2_000)]
     pub retry_ms: u64,
+    /// The database the stream's listener connects to (its `LISTEN` session); unset: the
+    /// `DATABASE_URL`'s. Set it to the database itself when `DATABASE_URL` names a transaction
+    /// pooler (PgBouncer, RDS Proxy), which cannot carry `LISTEN`.
+    #[arg(
+        id = "stream_database_url",
+        long = "stream-database-url",
+        env = "STREAM_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
 }
 
 impl StreamConfig {

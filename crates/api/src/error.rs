@@ -50,7 +50,7 @@ pub enum ErrorCode {
     DbUnavailable,
     /// The handler ran past the request timeout (503).
     RequestTimeout,
-    /// This task holds as many streams as it may, or is shutting down (503).
+    /// This task holds as many streams as it may, or is starting or shutting down (503).
     StreamsFull,
     /// A bug (500).
     Internal,
@@ -252,8 +252,9 @@ pub enum ApiError {
         /// Seconds to wait before opening another (jittered).
         retry_after: u64,
     },
-    /// This task holds `STREAM_MAX` streams, or is shutting down.
-    #[error("this task holds as many streams as it may, or is shutting down")]
+    /// This task holds `STREAM_MAX` streams, is shutting down, or is starting (its listener has
+    /// not connected yet).
+    #[error("this task holds as many streams as it may, or is starting or shutting down")]
     StreamsFull {
         /// Seconds to wait before reconnecting (jittered).
         retry_after: u64,

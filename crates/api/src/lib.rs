@@ -278,7 +278,8 @@ pub async fn start_with_pool(
         state.config.runtime_metrics_interval(),
         shutdown.clone(),
     ));
-    tokio::spawn(stream::listener::run(state.streams.clone(), state.pool.clone(), shutdown.clone()));
+    let listening = stream::listener::connect_options(state.config.stream.database_url.as_deref(), &state.pool)?;
+    tokio::spawn(stream::listener::run(state.streams.clone(), listening, shutdown.clone()));
     let emf = state.config.metrics_emf.start(emf::ApiSource::new(state.clone()));
     let task = tokio::spawn(server::serve(
         listener,

@@ -283,19 +283,55 @@ async fn open_streams_hold_no_admission_slot(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn an_idle_stream_has_heartbeats_and_shutdown_ends_it_with_a_retry_hint(pool: PgPool) {
-    let app = app(&pool, &["--stream-heartbeat-secs", "1", "--stream-retry-ms", "500"]).await;
+async fn an_idle_stream_has_heartbeats_outlives_the_keep_alive_timeout_and_ends_at_shutdown_with_a_retry_hint(
+    pool: PgPool,
+) {
+    // A keep-alive timeout of 3 s: a stream is a response in progress, not an idle connection,
+    // so it outlives it.
+    let app = app(
+        &pool,
+        &[
+            "--stream-heartbeat-secs",
+            "1",
+            "--stream-retry-ms",
+            "500",
+            "--keep-alive-timeout-secs",
+            "3",
+            "--request-timeout-secs",
+            "2",
+        ],
+    )
+    .await;
     let t = tenant(&pool, "Acme").await;
     let mut s = sse::open(&app, "/v1/stream", &t.agent_token, None).await;
     assert_eq!(s.status, StatusCode::OK);
     let hint = s.next_frame(WAIT).await.expect("the opening hint");
     assert!(hint.retry_ms.is_some_and(|ms| (500..1000).contains(&ms)), "{hint:?}");
-    let beat = s.next_frame(Duration::from_millis(2_500)).await.expect("a heartbeat within two intervals");
-    assert!(beat.comment.is_some() && !beat.is_event(), "{beat:?}");
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        let beat = s.next_frame(Duration::from_millis(2_500)).await.expect("a heartbeat within two intervals");
+        assert!(beat.comment.is_some() && !beat.is_event(), "{beat:?}");
+    }
 
     let stopping = tokio::spawn(async move { app.running.shutdown(Duration::ZERO).await });
     assert!(s.ends_within(WAIT).await, "the stream ends at shutdown");
     let last = s.seen.last().expect("a last frame");
     assert!(last.retry_ms.is_some_and(|ms| (500..1000).contains(&ms)), "a jittered retry: hint: {:?}", s.seen);
     stopping.await.expect("joins").expect("shuts down");
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn no_stream_opens_before_the_listener_has_connected(pool: PgPool) {
+    // A listener that cannot connect (nothing listens on port 1): the task serves everything but
+    // streams, which it refuses rather than open one that could miss events.
+    let app = app(&pool, &["--stream-database-url", "postgres://postgres@127.0.0.1:1/nowhere"]).await;
+    let t = tenant(&pool, "Acme").await;
+    let r = sse::open(&app, "/v1/stream", &t.agent_token, None).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(r.res_text().await.contains(r#""code":"streams_full""#));
+    assert_eq!(app.get("/v1/conversations", &t.agent_token).await.status, StatusCode::OK);
+    let status = app.ops("/v1/ops/status").await;
+    assert_eq!(status.body["layers"]["streams"]["listener_connected"], false);
+    app.running.shutdown(Duration::ZERO).await.expect("shuts down");
 }

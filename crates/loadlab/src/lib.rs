@@ -28,6 +28,7 @@ pub mod schedule;
 pub mod smoke;
 pub mod stats;
 pub mod step;
+pub mod streams;
 pub mod timeline;
 pub mod tokens;
 pub mod workload;

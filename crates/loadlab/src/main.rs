@@ -44,6 +44,9 @@ enum Cmd {
     Compare(CompareArgs),
     /// Re-print a saved report (and re-read its curve with another objective, or render HTML).
     Report(ReportArgs),
+    /// Hold N live-inbox streams open while messages are written: events lost, latency from a
+    /// write's transaction to its event, refusals at opening (docs/LOADLAB.md).
+    Streams(StreamsArgs),
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -300,6 +303,30 @@ struct SmokeArgs {
 }
 
 #[derive(Debug, Args)]
+struct StreamsArgs {
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    base: String,
+    /// Streams to hold open, spread evenly over the tenants.
+    #[arg(long, default_value_t = 100)]
+    streams: usize,
+    /// Streams opened a second; 0 opens them all at once (a reconnect storm).
+    #[arg(long, default_value_t = 500.0)]
+    open_rate: f64,
+    /// How long the streams are held once opened.
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    hold: Duration,
+    /// Messages written a second while they are held (round-robin over the tenants, one
+    /// conversation each); 0 for idle streams.
+    #[arg(long, default_value_t = 0.0)]
+    writes_per_sec: f64,
+    /// Write the report here as JSON (it is printed either way).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    tokens: TokenArgs,
+}
+
+#[derive(Debug, Args)]
 struct CompareArgs {
     baseline: PathBuf,
     current: PathBuf,
@@ -445,6 +472,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        Cmd::Streams(a) => {
+            let tokens = a.tokens.load(1)?;
+            let config = breakwater_loadlab::streams::StreamsConfig {
+                base: a.base.trim_end_matches('/').to_owned(),
+                streams: a.streams,
+                open_rate: a.open_rate,
+                hold: a.hold,
+                writes_per_sec: a.writes_per_sec,
+            };
+            let report = breakwater_loadlab::streams::run(&config, &tokens).await?;
+            let json = serde_json::to_string_pretty(&report)?;
+            if let Some(path) = &a.out {
+                std::fs::write(path, &json)?;
+            }
+            println!("{json}");
         }
         Cmd::Smoke(a) => {
             let tokens = a.tokens.load(1)?;

@@ -27,6 +27,10 @@ pub struct Hub {
     open: AtomicUsize,
     closing: CancellationToken,
     listener_connected: AtomicBool,
+    /// Set once the listener has connected for the first time: before, a stream could miss
+    /// events committed between its opening and the listener's first `LISTEN`, so none opens.
+    /// (Later reconnections catch up from the heads, so streams open through them.)
+    listening: AtomicBool,
     counters: Counters,
 }
 
@@ -51,7 +55,8 @@ struct Counters {
 /// Why a stream was not opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// `STREAM_MAX` streams are open on this task, or it is shutting down.
+    /// `STREAM_MAX` streams are open on this task, it is shutting down, or its listener has not
+    /// connected yet (it is starting).
     TaskFull,
     /// The tenant has `STREAM_MAX_PER_TENANT` streams open on this task.
     TenantFull,
@@ -84,6 +89,7 @@ impl Hub {
             open: AtomicUsize::new(0),
             closing: CancellationToken::new(),
             listener_connected: AtomicBool::new(false),
+            listening: AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
@@ -100,7 +106,10 @@ impl Hub {
     /// [`Refused`] past a cap or once shutdown has begun.
     pub fn subscribe(self: &Arc<Self>, tenant: TenantId) -> Result<Subscription, Refused> {
         let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.closing.is_cancelled() || self.open.load(Ordering::Relaxed) >= self.settings.max {
+        if self.closing.is_cancelled()
+            || !self.listening.load(Ordering::Acquire)
+            || self.open.load(Ordering::Relaxed) >= self.settings.max
+        {
             self.counters.refused_task.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::TaskFull);
         }
@@ -170,6 +179,7 @@ impl Hub {
     pub(crate) fn listener_connected(&self, connected: bool) {
         if connected {
             self.counters.listener_connects.fetch_add(1, Ordering::Relaxed);
+            self.listening.store(true, Ordering::Release);
         }
         self.listener_connected.store(connected, Ordering::Relaxed);
     }
@@ -218,7 +228,8 @@ pub struct StreamStatus {
     pub tenant_highest: usize,
     /// Streams opened since start.
     pub opened: u64,
-    /// Streams refused since start: `STREAM_MAX` reached or shutting down (503 `streams_full`).
+    /// Streams refused since start: `STREAM_MAX` reached, shutting down, or not listening yet
+    /// (503 `streams_full`).
     pub refused_task: u64,
     /// Streams refused since start: the tenant's cap reached (429 `stream_limit`).
     pub refused_tenant: u64,

@@ -11,7 +11,8 @@
 //!
 //! The connection is not the request pool's (that pool is sized to the database bulkhead, which
 //! assumes every connection is free for requests): it is a pool of one of its own, with the
-//! application name `breakwater-stream`.
+//! application name `breakwater-stream`, to `STREAM_DATABASE_URL` when the requests go through a
+//! transaction pooler (which cannot carry `LISTEN`), or to the requests' database.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use breakwater_domain::TenantId;
 use breakwater_domain::stream::{self, CHANNEL};
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::Hub;
@@ -34,20 +35,32 @@ const READ_BATCH: i64 = 500;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The listener's connection options: `url`'s, or the request pool's.
+///
+/// # Errors
+/// When `url` does not parse.
+pub fn connect_options(url: Option<&str>, requests: &sqlx::PgPool) -> Result<PgConnectOptions, sqlx::Error> {
+    let options = match url {
+        Some(url) => url.parse::<PgConnectOptions>()?,
+        None => (*requests.connect_options()).clone(),
+    };
+    Ok(options.application_name(APPLICATION_NAME))
+}
+
 /// Runs the listener until `shutdown`, reconnecting after every failure.
-pub async fn run(hub: Arc<Hub>, requests: sqlx::PgPool, shutdown: CancellationToken) {
-    let options = (*requests.connect_options()).clone().application_name(APPLICATION_NAME);
+pub async fn run(hub: Arc<Hub>, options: PgConnectOptions, shutdown: CancellationToken) {
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(options);
     let mut passed: HashMap<TenantId, i64> = HashMap::new();
+    let mut first_connect = true;
     let mut backoff = FIRST_BACKOFF;
     loop {
         let outcome = tokio::select! {
             () = shutdown.cancelled() => break,
-            outcome = listen(&hub, &pool, &mut passed, &mut backoff) => outcome,
+            outcome = listen(&hub, &pool, &mut passed, &mut first_connect, &mut backoff) => outcome,
         };
         hub.listener_connected(false);
         if let Err(err) = outcome {
@@ -67,6 +80,7 @@ async fn listen(
     hub: &Hub,
     pool: &sqlx::PgPool,
     passed: &mut HashMap<TenantId, i64>,
+    first_connect: &mut bool,
     backoff: &mut Duration,
 ) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
@@ -77,12 +91,17 @@ async fn listen(
     for (tenant, head) in heads {
         match passed.get(&tenant).copied() {
             Some(from) => deliver(hub, &mut listener, passed, tenant, from, head).await?,
-            // First sight of this tenant: its streams start live from here.
-            None => {
+            // The first connection: no stream is open yet (none opens before it), so each
+            // tenant's streams start live from here.
+            None if *first_connect => {
                 passed.insert(tenant, head);
             }
+            // A tenant whose first event came while the connection was down: all of its
+            // events are new since the last heads were read.
+            None => deliver(hub, &mut listener, passed, tenant, 0, head).await?,
         }
     }
+    *first_connect = false;
     hub.listener_connected(true);
     *backoff = FIRST_BACKOFF;
     loop {

@@ -23,7 +23,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, Sse};
 use breakwater_domain::conversations::{AssigneeFilter, ConversationStatus};
 use breakwater_domain::stream::{Event, EventKind, Head};
 use futures_util::Stream;
@@ -159,11 +159,22 @@ pub fn respond(
     filter: Filter,
     resume: Resume,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let heartbeat = hub.settings().heartbeat;
-    Sse::new(events(subscription, hub, filter, resume)).keep_alive(KeepAlive::new().interval(heartbeat))
+    Sse::new(events(subscription, hub, filter, resume))
 }
 
-/// The events of [`respond`], without the heartbeats.
+/// When a stream idle since now is next due a heartbeat: `heartbeat` from now, rounded up to
+/// the next whole second of the process's clock. The rounding puts every heartbeat due within
+/// the same second on one timer tick, so a task with 10,000 idle streams wakes once a second for
+/// about 500 of them, not 500 times a second (docs/PERFORMANCE.md, "Streams").
+fn next_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
+    static EPOCH: std::sync::LazyLock<tokio::time::Instant> = std::sync::LazyLock::new(tokio::time::Instant::now);
+    let due = tokio::time::Instant::now() + heartbeat;
+    let since = due.saturating_duration_since(*EPOCH);
+    let rounded = Duration::from_secs(since.as_secs() + u64::from(since.subsec_nanos() > 0));
+    *EPOCH + rounded
+}
+
+/// The events of [`respond`], heartbeats included.
 fn events(
     subscription: Subscription,
     hub: Arc<Hub>,
@@ -189,7 +200,8 @@ fn events(
             last = head;
         }
     }
-    let state = State { subscription, hub, filter, last, opening, done: false };
+    let beat = Box::pin(tokio::time::sleep_until(next_heartbeat(settings.heartbeat)));
+    let state = State { subscription, hub, filter, last, opening, done: false, beat };
     futures_util::stream::unfold(state, next)
 }
 
@@ -201,11 +213,22 @@ struct State {
     last: i64,
     opening: VecDeque<SseEvent>,
     done: bool,
+    /// When the stream is next due a heartbeat (reset by every event).
+    beat: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl State {
+    /// An event goes out: the next heartbeat is a whole interval away.
+    fn sending(&mut self) {
+        let heartbeat = self.hub.settings().heartbeat;
+        self.beat.as_mut().reset(next_heartbeat(heartbeat));
+    }
 }
 
 async fn next(mut s: State) -> Option<(Result<SseEvent, Infallible>, State)> {
     if let Some(e) = s.opening.pop_front() {
         s.hub.sent();
+        s.sending();
         return Some((Ok(e), s));
     }
     if s.done {
@@ -220,6 +243,10 @@ async fn next(mut s: State) -> Option<(Result<SseEvent, Infallible>, State)> {
                 let hint = SseEvent::default().retry(jittered(s.hub.settings().retry)).comment("shutting down");
                 return Some((Ok(hint), s));
             }
+            () = s.beat.as_mut() => {
+                s.sending();
+                return Some((Ok(SseEvent::default().comment("")), s));
+            }
             received = s.subscription.events.recv() => match received {
                 Ok(e) => {
                     if e.id <= s.last {
@@ -228,6 +255,7 @@ async fn next(mut s: State) -> Option<(Result<SseEvent, Infallible>, State)> {
                     s.last = e.id;
                     if s.filter.matches(&e) {
                         s.hub.sent();
+                        s.sending();
                         return Some((Ok(render(&e)), s));
                     }
                 }
@@ -345,6 +373,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_falls_further_behind_than_the_buffer_gets_resync_and_is_closed() {
         let hub = Arc::new(Hub::new(settings(2)));
+        hub.listener_connected(true);
         let tenant = breakwater_domain::TenantId(Uuid::nil());
         let subscription = hub.subscribe(tenant).expect("under the caps");
         let mut stream = Box::pin(events(subscription, hub.clone(), Filter::default(), Resume::Live));
@@ -365,6 +394,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_within_the_buffer_gets_every_event_in_order() {
         let hub = Arc::new(Hub::new(settings(8)));
+        hub.listener_connected(true);
         let subscription = hub.subscribe(breakwater_domain::TenantId(Uuid::nil())).expect("under the caps");
         let mut stream = Box::pin(events(subscription, hub.clone(), Filter::default(), Resume::Live));
         for id in 1..=5 {
@@ -384,6 +414,20 @@ mod tests {
         for bad in [&b""[..], b"-1", b"abc", b"1.5", b"99999999999999999999", b"\xff"] {
             assert!(parse_last_event_id(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn heartbeats_fall_on_whole_seconds_a_full_interval_away() {
+        let before = tokio::time::Instant::now();
+        let first = next_heartbeat(Duration::from_secs(20));
+        let after = tokio::time::Instant::now();
+        assert!(first >= before + Duration::from_secs(20), "{:?}", first - before);
+        assert!(first <= after + Duration::from_secs(21), "{:?}", first - after);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let later = next_heartbeat(Duration::from_secs(20));
+        // Streams idle since moments apart share a tick (unless a second boundary fell between).
+        let apart = later.saturating_duration_since(first);
+        assert!(apart == Duration::ZERO || apart == Duration::from_secs(1), "{apart:?}");
     }
 
     #[test]

@@ -74,6 +74,11 @@ pub async fn spawn_with(pool: PgPool, extra: &[&str]) -> TestApp {
     let config = Config::from_args(args).expect("config parses");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let running = breakwater_api::start_with_pool(config, pool.clone(), Some(listener)).await.expect("starts");
+    // Streams open once the task's listener has connected (until then they are refused).
+    let waited = std::time::Instant::now();
+    while !running.state.streams.status().listener_connected && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let base = format!("http://{}", running.addr);
     let ops_base = format!("http://{}", running.ops_addr);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
