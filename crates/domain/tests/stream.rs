@@ -1,6 +1,7 @@
 //! The live inbox's outbox: every write that changes an inbox appends one event in its own
-//! transaction, ids run 1, 2, 3... per tenant with no gaps even under concurrent writers, an
-//! erasure removes the contact's events, and retention prunes by age and by count.
+//! transaction; the sequencer numbers them 1, 2, 3... per tenant with no gaps even under
+//! concurrent writers and sequencers; an erasure removes the contact's events; retention prunes
+//! by age and by count.
 #![allow(clippy::unwrap_used)]
 
 use breakwater_domain::contacts::{self, NewContact};
@@ -32,7 +33,10 @@ async fn open(pool: &Pool, t: &Tenant, contact_id: Uuid) -> Uuid {
     conversations::create(pool, t.id, new).await.unwrap().id
 }
 
+/// The tenant's events, once the sequencer has numbered what is committed.
 async fn all_events(pool: &Pool, t: &Tenant) -> Vec<stream::Event> {
+    let mut conn = pool.acquire().await.unwrap();
+    stream::sequence(&mut *conn).await.unwrap();
     stream::range(pool, t.id, 0, i64::MAX, 10_000).await.unwrap()
 }
 
@@ -74,11 +78,22 @@ async fn every_write_appends_its_event_with_the_tenants_next_id(pool: Pool) {
     let preview = message.preview.as_deref().unwrap();
     assert!(body.starts_with(preview), "{preview:?}");
     assert_eq!(preview.chars().count(), messages::PREVIEW_CHARS, "a preview, not the body");
+    // Unnumbered events are nobody's yet: a write since the last sequencing is not in the head.
+    conversations::update(
+        &pool,
+        a.id,
+        conversation,
+        ConversationChanges { status: Some(ConversationStatus::Closed), assignee_id: None },
+    )
+    .await
+    .unwrap();
     assert_eq!(stream::head(&pool, a.id).await.unwrap(), Head { last_id: 3, pruned_through: 0 });
+    assert_eq!(stream::range(&pool, a.id, 0, i64::MAX, 100).await.unwrap().len(), 3);
     assert_eq!(stream::head(&pool, b.id).await.unwrap(), Head { last_id: 1, pruned_through: 0 });
     assert!(all_events(&pool, &b).await.iter().all(|e| e.tenant_id == b.id.0));
     let heads = stream::heads(&pool).await.unwrap();
-    assert!(heads.contains(&(a.id, 3)) && heads.contains(&(b.id, 1)), "{heads:?}");
+    // Reading b's events sequenced a's pending one too.
+    assert!(heads.contains(&(a.id, 4)) && heads.contains(&(b.id, 1)), "{heads:?}");
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
@@ -92,12 +107,13 @@ async fn an_erasure_takes_the_contacts_events_with_it_and_says_so(pool: Pool) {
 
     let events = all_events(&pool, &t).await;
     let left: Vec<(i64, EventKind, Uuid)> = events.iter().map(|e| (e.id, e.kind, e.contact_id)).collect();
-    assert_eq!(left, [(3, EventKind::ConversationCreated, kept), (4, EventKind::ContactErased, erased)]);
+    // Deleted before the sequencer came by, the erased contact's events never took a number.
+    assert_eq!(left, [(1, EventKind::ConversationCreated, kept), (2, EventKind::ContactErased, erased)]);
     assert!(events.iter().all(|e| e.preview.is_none()), "no word of the erased contact's is left");
 }
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn concurrent_writers_take_every_id_once_in_commit_order(pool: Pool) {
+async fn concurrent_writers_and_sequencers_number_every_event_once(pool: Pool) {
     let t = tenant(&pool, "busy").await;
     let c = contact(&pool, &t).await;
     let mut conversations = Vec::new();
@@ -115,8 +131,25 @@ async fn concurrent_writers_take_every_id_once_in_commit_order(pool: Pool) {
             })
         })
         .collect();
+    // Three sequencers (three API tasks' listeners) numbering while the writers write.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sequencers: Vec<_> = (0..3)
+        .map(|_| {
+            let (pool, done) = (pool.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    stream::sequence(&mut *conn).await.unwrap();
+                }
+            })
+        })
+        .collect();
     for w in writers {
         w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in sequencers {
+        s.await.unwrap();
     }
     let ids: Vec<i64> = all_events(&pool, &t).await.iter().map(|e| e.id).collect();
     assert_eq!(ids, (1..=8 + 8 * 25).collect::<Vec<_>>(), "no gap, no duplicate");
@@ -142,6 +175,7 @@ async fn retention_prunes_by_count_and_by_age_and_moves_the_floor(pool: Pool) {
     for _ in 0..3 {
         open(&pool, &b, cb).await;
     }
+    stream::sequence(&mut *pool.acquire().await.unwrap()).await.unwrap();
     // By count: a keeps its newest four (batches of three, so the loop runs more than once).
     let pruned = stream::prune(&pool, 3600.0, 4, 3).await.unwrap();
     assert_eq!(pruned, stream::Pruned { by_age: 0, by_count: 6 });

@@ -1,16 +1,22 @@
-//! The task's one listener: `LISTEN breakwater_stream` on a connection of its own, and the new
-//! events of the tenants with a stream open here handed to the [`Hub`].
+//! The task's listener and sequencer, each on a connection of its own.
 //!
-//! A notification says `tenant:id`; the listener reads that tenant's events after the last id it
-//! passed, up to `id`, on the same connection. Notifications arrive in commit order and a
-//! tenant's ids commit in order, so nothing is skipped. A notification lost with a dropped
-//! connection is made good on reconnecting: `LISTEN` first, then every tenant's head
-//! (`stream_heads`), then the events between what was passed and the head. So a listener that
-//! is cut off (a failover, `pg_terminate_backend`, a network drop) delivers late but never
-//! loses an event.
+//! - The sequencer polls every [`SEQUENCE_POLL`] for committed events without a number
+//!   (`stream::pending`, one index-only look) and numbers them (`stream::sequence`); the tasks'
+//!   sequencers take turns on an advisory lock, and one that finds the turn taken leaves the
+//!   work to its holder. Writers do not wake it with a `NOTIFY`: that would serialise every
+//!   writing transaction of the database on `NOTIFY`'s commit lock.
+//! - The listener (`LISTEN breakwater_stream`): a notification `tenant:id` says the sequencer
+//!   numbered the tenant's events up to `id`; the listener reads that tenant's events after the
+//!   last id it passed, up to `id`, and hands them to the [`Hub`]. A tenant's ids become visible
+//!   in order, so nothing is skipped.
 //!
-//! The connection is not the request pool's (that pool is sized to the database bulkhead, which
-//! assumes every connection is free for requests): it is a pool of one of its own, with the
+//! A notification lost with a dropped connection is made good on reconnecting: `LISTEN` first,
+//! then every tenant's head (`stream_heads`), then the events between what was passed and the
+//! head. So a listener that is cut off (a failover, `pg_terminate_backend`, a network drop)
+//! delivers late but never loses an event.
+//!
+//! Neither connection is the request pool's (that pool is sized to the database bulkhead, which
+//! assumes every connection is free for requests): each is a pool of one of its own, with the
 //! application name `breakwater-stream`, to `STREAM_DATABASE_URL` when the requests go through a
 //! transaction pooler (which cannot carry `LISTEN`), or to the requests' database.
 
@@ -31,6 +37,16 @@ pub const APPLICATION_NAME: &str = "breakwater-stream";
 /// Events read per query while catching up.
 const READ_BATCH: i64 = 500;
 
+/// How often the sequencer looks for unnumbered events while there are some: half of it is the
+/// mean delay it adds between a write's commit and its event. Each look that finds none doubles
+/// the wait, up to [`SEQUENCE_POLL_IDLE`], so an idle task costs the database ten looks a second,
+/// not a hundred.
+pub const SEQUENCE_POLL: Duration = Duration::from_millis(10);
+
+/// The longest wait between the sequencer's looks (an idle tenant's first event waits at most
+/// this long for its number).
+pub const SEQUENCE_POLL_IDLE: Duration = Duration::from_millis(100);
+
 /// The wait before reconnecting after a failure, doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -47,13 +63,17 @@ pub fn connect_options(url: Option<&str>, requests: &sqlx::PgPool) -> Result<PgC
     Ok(options.application_name(APPLICATION_NAME))
 }
 
-/// Runs the listener until `shutdown`, reconnecting after every failure.
+/// Runs the listener and the sequencer until `shutdown`, reconnecting after every failure.
 pub async fn run(hub: Arc<Hub>, options: PgConnectOptions, shutdown: CancellationToken) {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(options);
+    let one_connection = || {
+        PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(options.clone())
+    };
+    let sequencer = tokio::spawn(sequence(one_connection(), shutdown.clone()));
+    let pool = one_connection();
     let mut passed: HashMap<TenantId, i64> = HashMap::new();
     let mut first_connect = true;
     let mut backoff = FIRST_BACKOFF;
@@ -73,6 +93,51 @@ pub async fn run(hub: Arc<Hub>, options: PgConnectOptions, shutdown: Cancellatio
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
     pool.close().await;
+    let _ = sequencer.await;
+}
+
+/// The sequencer's loop: a look every [`SEQUENCE_POLL`] to [`SEQUENCE_POLL_IDLE`], a numbering
+/// when there is work.
+async fn sequence(pool: sqlx::PgPool, shutdown: CancellationToken) {
+    let mut wait = SEQUENCE_POLL;
+    let mut failing = false;
+    // Held between looks (a check-out would cost a ping each); dropped after a failure.
+    let mut held: Option<sqlx::pool::PoolConnection<sqlx::Postgres>> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let pass = async {
+            let conn = match held.as_mut() {
+                Some(conn) => conn,
+                None => held.insert(pool.acquire().await?),
+            };
+            let pending = stream::pending(&mut **conn).await.map_err(into_sqlx)?;
+            if pending {
+                stream::sequence(&mut **conn).await.map_err(into_sqlx)?;
+            }
+            Ok::<bool, sqlx::Error>(pending)
+        };
+        let outcome = pass.await;
+        if outcome.is_err() {
+            held = None;
+        }
+        match outcome {
+            Ok(pending) => {
+                failing = false;
+                wait = if pending { SEQUENCE_POLL } else { (wait * 2).min(SEQUENCE_POLL_IDLE) };
+            }
+            // Once per outage, not a hundred times a second.
+            Err(err) if !failing => {
+                failing = true;
+                tracing::warn!(error = %err, "the stream's sequencer failed; retrying");
+            }
+            Err(_) => {}
+        }
+    }
+    drop(held);
+    pool.close().await;
 }
 
 /// One connection's life: listen, catch up, then follow notifications until it fails.
@@ -86,7 +151,7 @@ async fn listen(
     let mut listener = PgListener::connect_with(pool).await?;
     listener.ignore_pool_close_event(true);
     listener.listen(CHANNEL).await?;
-    // Anything committed from here on is notified; anything before is in the heads.
+    // Anything numbered from here on is notified; anything before is in the heads.
     let heads = stream::heads(&mut listener).await.map_err(into_sqlx)?;
     for (tenant, head) in heads {
         match passed.get(&tenant).copied() {

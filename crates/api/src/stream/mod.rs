@@ -1,8 +1,9 @@
 //! The live inbox: `GET /v1/stream`, the tenant's events as Server-Sent Events.
 //!
 //! - The events come from the domain's outbox (`breakwater_domain::stream`), written in the same
-//!   transaction as each change. One listener per task ([`listener`]) is woken by `NOTIFY`,
-//!   reads the new rows of the tenants that have a stream open here, and hands them to the
+//!   transaction as each change and numbered after it by one sequencer at a time (every task
+//!   runs one, [`listener`]). One listener per task is woken by the sequencer's `NOTIFY`, reads
+//!   the new rows of the tenants that have a stream open here, and hands them to the
 //!   [`hub::Hub`]; it reconnects and catches up by itself, so a dropped notification connection
 //!   loses nothing.
 //! - Opening a stream is a request like any other: admitted, throttled, and holding a database
