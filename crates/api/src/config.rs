@@ -129,12 +129,14 @@ impl ThrottleConfig {
 #[derive(Debug, Clone, clap::Args)]
 pub struct StreamConfig {
     /// Most streams open on one task; past it, 503 `streams_full`. Each holds a connection, so
-    /// it must stay below `MAX_CONNECTIONS`.
-    #[arg(long = "stream-max", env = "STREAM_MAX", default_value_t = 2_048)]
-    pub max: usize,
-    /// Most streams of one tenant open on one task; past it, 429 `stream_limit`.
-    #[arg(long = "stream-max-per-tenant", env = "STREAM_MAX_PER_TENANT", default_value_t = 512)]
-    pub max_per_tenant: usize,
+    /// it must stay below `MAX_CONNECTIONS`; 0 refuses every stream [default: half of
+    /// `MAX_CONNECTIONS`].
+    #[arg(long = "stream-max", env = "STREAM_MAX")]
+    pub max: Option<usize>,
+    /// Most streams of one tenant open on one task; past it, 429 `stream_limit` [default: 512,
+    /// or `STREAM_MAX` if lower].
+    #[arg(long = "stream-max-per-tenant", env = "STREAM_MAX_PER_TENANT")]
+    pub max_per_tenant: Option<usize>,
     /// Events a stream may fall behind (its client reading too slowly) before it is sent
     /// `resync` and closed: the size of each tenant's ring of events on the task.
     #[arg(long = "stream-buffer", env = "STREAM_BUFFER", default_value_t = 256)]
@@ -144,14 +146,15 @@ pub struct StreamConfig {
     #[arg(long = "stream-replay-max", env = "STREAM_REPLAY_MAX", default_value_t = 1_000)]
     pub replay_max: u32,
     /// Seconds between heartbeats (a comment line) on an idle stream: under the load balancer's
-    /// idle timeout (an ALB's is 60 s).
-    #[arg(long = "stream-heartbeat-secs", env = "STREAM_HEARTBEAT_SECS", default_value_t = 20)]
-    pub heartbeat_secs: u64,
+    /// idle timeout (an ALB's is 60 s) and `KEEP_ALIVE_TIMEOUT_SECS` [default: 20, or half of
+    /// `KEEP_ALIVE_TIMEOUT_SECS` if lower].
+    #[arg(long = "stream-heartbeat-secs", env = "STREAM_HEARTBEAT_SECS")]
+    pub heartbeat_secs: Option<u64>,
     /// The reconnect delay clients are told (`retry:`), in ms: each is told a delay between it
     /// and twice it, so a task's streams do not all come back at once.
     #[arg(long = "stream-retry-ms", env = "STREAM_RETRY_MS", default_value_t = 2_000)]
     pub retry_ms: u64,
-    /// The database the stream's listener connects to (its `LISTEN` session); unset: the
+    /// The database the stream's listener and sequencer connect to; unset: the
     /// `DATABASE_URL`'s. Set it to the database itself when `DATABASE_URL` names a transaction
     /// pooler (PgBouncer, RDS Proxy), which cannot carry `LISTEN`.
     #[arg(
@@ -164,15 +167,25 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
-    /// The hub's settings.
+    /// The per-tenant cap when `STREAM_MAX_PER_TENANT` is not set (or `STREAM_MAX` if lower).
+    pub const DEFAULT_MAX_PER_TENANT: usize = 512;
+    /// The heartbeat interval when `STREAM_HEARTBEAT_SECS` is not set (or half of the keep-alive
+    /// timeout if lower).
+    pub const DEFAULT_HEARTBEAT_SECS: u64 = 20;
+
+    /// The hub's settings, the defaults derived from the connection cap and the keep-alive
+    /// timeout they must stay under.
     #[must_use]
-    pub fn settings(&self) -> crate::stream::Settings {
+    pub fn settings(&self, max_connections: usize, keep_alive_secs: u64) -> crate::stream::Settings {
+        let max = self.max.unwrap_or(max_connections / 2);
         crate::stream::Settings {
-            max: self.max,
-            max_per_tenant: self.max_per_tenant,
+            max,
+            max_per_tenant: self.max_per_tenant.unwrap_or(Self::DEFAULT_MAX_PER_TENANT.min(max)),
             buffer: self.buffer,
             replay_max: i64::from(self.replay_max),
-            heartbeat: Duration::from_secs(self.heartbeat_secs),
+            heartbeat: Duration::from_secs(
+                self.heartbeat_secs.unwrap_or(Self::DEFAULT_HEARTBEAT_SECS.min(keep_alive_secs / 2).max(1)),
+            ),
             retry: Duration::from_millis(self.retry_ms),
         }
     }
@@ -351,7 +364,7 @@ pub enum ConfigError {
     Timeouts(&'static str),
     /// The stream caps contradict each other or the connection cap.
     #[error(
-        "STREAM_MAX must be positive and below MAX_CONNECTIONS, STREAM_MAX_PER_TENANT between 1 and STREAM_MAX, \
+        "STREAM_MAX must be below MAX_CONNECTIONS (0: no streams), STREAM_MAX_PER_TENANT between 1 and STREAM_MAX, \
          STREAM_BUFFER, STREAM_REPLAY_MAX and STREAM_RETRY_MS positive"
     )]
     Streams,
@@ -395,22 +408,28 @@ impl Config {
                 "JOBS_STATS_TIMEOUT_MS must be positive and RUNTIME_METRICS_INTERVAL_MS at least 10",
             ));
         }
-        let st = &self.stream;
-        if st.max == 0
-            || st.max_per_tenant == 0
+        let st = self.stream_settings();
+        // STREAM_MAX 0 (or a connection cap of 1) turns streams off: each is refused.
+        if (st.max > 0 && st.max_per_tenant == 0)
             || st.max_per_tenant > st.max
-            || st.max >= self.max_connections
+            || (st.max > 0 && st.max >= self.max_connections)
             || st.buffer == 0
             || st.replay_max == 0
-            || st.retry_ms == 0
+            || st.retry.is_zero()
         {
             return Err(ConfigError::Streams);
         }
-        if st.heartbeat_secs == 0 || st.heartbeat_secs >= self.keep_alive_timeout_secs {
+        if st.heartbeat.is_zero() || st.heartbeat.as_secs() >= self.keep_alive_timeout_secs {
             return Err(ConfigError::Timeouts("STREAM_HEARTBEAT_SECS must be between 1 and KEEP_ALIVE_TIMEOUT_SECS"));
         }
         self.metrics_emf.validate().map_err(|_| ConfigError::Metrics)?;
         Ok(())
+    }
+
+    /// The streams' settings, their defaults derived from the connection cap and keep-alive.
+    #[must_use]
+    pub fn stream_settings(&self) -> crate::stream::Settings {
+        self.stream.settings(self.max_connections, self.keep_alive_timeout_secs)
     }
 
     /// Idle keep-alive timeout.
@@ -498,6 +517,33 @@ mod tests {
         assert_eq!(cfg.validate(), Ok(()));
         let cfg = Config::from_args(["--app-env", "development", "--jwt-secret", DEV_JWT_SECRET]).expect("parses");
         assert_eq!(cfg.validate(), Ok(()));
+    }
+
+    #[test]
+    fn stream_defaults_follow_the_connection_cap_and_the_keep_alive_and_explicit_ones_are_checked() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["--app-env", "development"];
+            args.extend_from_slice(extra);
+            Config::from_args(args).expect("parses")
+        };
+        let st = parse(&[]).stream_settings();
+        assert_eq!((st.max, st.max_per_tenant, st.heartbeat.as_secs()), (2048, 512, 20));
+        // A small connection cap and a short keep-alive lower the defaults instead of refusing.
+        let small =
+            parse(&["--max-connections", "8", "--keep-alive-timeout-secs", "10", "--request-timeout-secs", "5"]);
+        assert_eq!(small.validate(), Ok(()));
+        let st = small.stream_settings();
+        assert_eq!((st.max, st.max_per_tenant, st.heartbeat.as_secs()), (4, 4, 5));
+        // Values said explicitly that contradict the caps are refused, with what to fix.
+        assert_eq!(parse(&["--max-connections", "100", "--stream-max", "100"]).validate(), Err(ConfigError::Streams));
+        // A cap of one connection leaves none for streams: they are off, not a refusal to start.
+        let one = parse(&["--max-connections", "1"]);
+        assert_eq!((one.validate(), one.stream_settings().max), (Ok(()), 0));
+        assert_eq!(
+            parse(&["--stream-max", "10", "--stream-max-per-tenant", "11"]).validate(),
+            Err(ConfigError::Streams)
+        );
+        assert!(matches!(parse(&["--stream-heartbeat-secs", "75"]).validate(), Err(ConfigError::Timeouts(_))));
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl AppState {
                     .with_accept_rate(config.max_accept_rate),
             ),
             metrics: Arc::new(crate::metrics::Metrics::new()),
-            streams: Arc::new(crate::stream::Hub::new(config.stream.settings())),
+            streams: Arc::new(crate::stream::Hub::new(config.stream_settings())),
             queue_stats: Arc::new(crate::queue_stats::QueueStatsCache::new(
                 config.jobs_stats_ttl(),
                 config.jobs_stats_timeout(),
