@@ -121,7 +121,11 @@ async fn sequence(pool: sqlx::PgPool, shutdown: CancellationToken) {
         };
         let outcome = pass.await;
         if outcome.is_err() {
-            held = None;
+            // Closed, not returned to the pool: a failure may have left it inside the
+            // sequencer's transaction.
+            if let Some(conn) = held.take() {
+                drop(conn.detach());
+            }
         }
         match outcome {
             Ok(pending) => {
