@@ -238,20 +238,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn every_documented_operation_keeps_tenants_apart(pool: PgPool) {
     // The timing rounds send a few hundred requests from one user: keep the throttles out of the way.
-    let app = spawn_with(
-        pool.clone(),
-        &[
-            "--throttle-user-rate",
-            "100000",
-            "--throttle-user-burst",
-            "100000",
-            "--throttle-tenant-rate",
-            "100000",
-            "--throttle-tenant-burst",
-            "100000",
-        ],
-    )
-    .await;
+    let app = spawn_with(pool.clone(), &common::WITHOUT_USER_AND_TENANT_THROTTLES).await;
     let a = World::build(&app, &pool, "Tenant A", 'A').await;
     let b = World::build(&app, &pool, "Tenant B", 'B').await;
     // Rows of A's that the control calls may change or erase, apart from the ones probes read.

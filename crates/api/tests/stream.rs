@@ -20,16 +20,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// An app with the throttles out of the way (the tests write in bursts) and `extra` over it.
 async fn app(pool: &PgPool, extra: &[&str]) -> TestApp {
-    let mut args = vec![
-        "--throttle-user-rate",
-        "100000",
-        "--throttle-user-burst",
-        "100000",
-        "--throttle-tenant-rate",
-        "100000",
-        "--throttle-tenant-burst",
-        "100000",
-    ];
+    let mut args = common::WITHOUT_USER_AND_TENANT_THROTTLES.to_vec();
     args.extend_from_slice(extra);
     spawn_with(pool.clone(), &args).await
 }

@@ -192,6 +192,7 @@ fn events(
             last = after;
             for e in events.iter().filter(|e| filter.matches(e)) {
                 opening.push_back(render(e));
+                hub.sent();
             }
             last = events.last().map_or(last, |e| e.id);
         }
@@ -227,8 +228,8 @@ impl State {
 }
 
 async fn next(mut s: State) -> Option<(Result<SseEvent, Infallible>, State)> {
+    // (The opening's events were counted when it was made; its hint and `resync` are no events.)
     if let Some(e) = s.opening.pop_front() {
-        s.hub.sent();
         s.sending();
         return Some((Ok(e), s));
     }

@@ -40,6 +40,18 @@ pub fn erase_in_background(
     tokio::spawn(async move { req.send().await.map(|r| r.status()) })
 }
 
+/// The tenant and user throttles out of the way of a test that sends bursts from one user.
+pub const WITHOUT_USER_AND_TENANT_THROTTLES: [&str; 8] = [
+    "--throttle-user-rate",
+    "100000",
+    "--throttle-user-burst",
+    "100000",
+    "--throttle-tenant-rate",
+    "100000",
+    "--throttle-tenant-burst",
+    "100000",
+];
+
 /// A served app.
 pub struct TestApp {
     pub base: String,

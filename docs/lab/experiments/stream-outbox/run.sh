@@ -7,8 +7,9 @@
 #   locked  the first design: the event numbered in the writer's transaction, under the
 #           tenant's head row (every post of the tenant takes that row until it commits);
 #   outbox  the design kept: the event inserted unnumbered (`stream::append`), with one more
-#           client running the sequencer (sequence.sql, `stream::sequence`'s statement) between
-#           5 ms pauses, as a listener does.
+#           client running the sequencer (`stream::sequence`'s statement, read from
+#           crates/domain/src/stream.rs, under its advisory lock) between 10 ms pauses, as each
+#           task's sequencer polls.
 # Prints the writers' throughput, mean latency and the share of busy sessions found waiting on a
 # lock (sampled every 50 ms), then numbers what is left and checks that the ids have no gap.
 #
@@ -25,6 +26,21 @@ P="psql -q -v ON_ERROR_STOP=1 $PGURL/$DB"
 for f in ../../../../migrations/*.sql; do $P -f "$f"; done
 $P -f ../counts-contention/setup.sql
 
+# The sequencer's statement, from its one owner (the domain), as a pgbench script.
+SEQUENCE=$(mktemp --suffix=.sql)
+trap 'rm -f "$SEQUENCE"' EXIT
+{
+  echo 'BEGIN;'
+  lock=$(sed -n 's/^const SEQUENCER_LOCK: i64 = \(.*\);/\1/p' ../../../../crates/domain/src/stream.rs | tr -d _)
+  echo "SELECT pg_advisory_xact_lock($((lock)));"
+  sed -n '/r#"WITH pending AS (/,/FROM numbered GROUP BY tenant_id"#/p' ../../../../crates/domain/src/stream.rs |
+    sed -e 's/.*r#"WITH pending/WITH pending/' -e 's/"#,\{0,1\}$//' -e 's/\$1/5000/'
+  echo ';'
+  echo 'COMMIT;'
+  echo '\sleep 10 ms'
+} > "$SEQUENCE"
+grep -q 'UPDATE stream_events' "$SEQUENCE" || { echo "the sequencer's statement was not found in the domain" >&2; exit 1; }
+
 run() {
   local variant=$1
   $P -c "CHECKPOINT"
@@ -32,7 +48,7 @@ run() {
   pgbench -n -M simple -c "$CLIENTS" -j 2 -T "$SECONDS_EACH" -f "post_$variant.sql" "$PGURL/$DB" > "$out" 2>&1 &
   local bench=$!
   if [ "$variant" = outbox ]; then
-    PGAPPNAME=sequencer pgbench -n -M simple -c 1 -T "$SECONDS_EACH" -f sequence.sql "$PGURL/$DB" > /dev/null 2>&1 &
+    PGAPPNAME=sequencer pgbench -n -M simple -c 1 -T "$SECONDS_EACH" -f "$SEQUENCE" "$PGURL/$DB" > /dev/null 2>&1 &
   fi
   local locks
   locks=$($P -At -c "CREATE TEMP TABLE s (lock int, busy int)" \
@@ -52,5 +68,5 @@ for _ in $(seq 1 "$ROUNDS"); do
   run plain; run locked; run outbox
 done
 # Number what is left, then: the ids run 1..last_id with no gap (count, highest and head agree).
-grep -v "^.sleep" sequence.sql | $P > /dev/null
+grep -v "^.sleep" "$SEQUENCE" | $P > /dev/null
 $P -At -c "SELECT count(*) = max(id) AND max(id) = (SELECT last_id FROM stream_heads) AS no_gap FROM stream_events"
