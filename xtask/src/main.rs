@@ -36,14 +36,14 @@ enum Command {
     },
     /// Run a command in a cgroup at the production task's shape (0.25 core, 512 MiB, no swap).
     Pinned(pinned::PinnedArgs),
-    /// Times the API's queries on the full skewed seed and saves their plans (docs/explain/,
-    /// docs/PERFORMANCE.md); fails if a plan scans conversations, messages or contacts.
+    /// Times the API's queries on the full skewed seed and saves their plans (docs/explain/
+    /// and its README.md); fails if a plan scans conversations, messages or contacts.
     BenchQueries(bench_queries::Args),
     /// The reliability suite: PostgreSQL and Redis faults, SIGTERM, hostile clients and fuzzing,
     /// under load, against private servers; exits non-zero on any violated expectation.
     Chaos(chaos::ChaosArgs),
     /// The headline experiment: admission off, static and adaptive, under every load shape
-    /// at the production shape (report in docs/PERFORMANCE.md and docs/lab/; `--quick` for a CI
+    /// at the production shape (the goals in docs/PERFORMANCE.md, the whole report in docs/lab/; `--quick` for a CI
     /// smoke run).
     Lab(lab::LabArgs),
     /// Pinned API tasks behind HAProxy configured as the stack's ALB, scaled like the stack's

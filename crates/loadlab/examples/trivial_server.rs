@@ -1,5 +1,5 @@
-//! A trivial HTTP server for measuring the generator itself (docs/PERFORMANCE.md, "Load lab
-//! accuracy") and for trying the lab without the API. Listens on 127.0.0.1 only, on one
+//! A trivial HTTP server for measuring the generator itself
+//! (docs/lab/history/a6e0c72-load-lab-accuracy.md) and for trying the lab without the API. Listens on 127.0.0.1 only, on one
 //! runtime thread.
 //!
 //! - `GET /` answers a small JSON body at once: never the limit at the rates measured.

@@ -166,7 +166,7 @@ pub fn respond(
 /// When a stream idle since now is next due a heartbeat: `heartbeat` from now, rounded up to
 /// the next whole second of the process's clock. The rounding puts every heartbeat due within
 /// the same second on one timer tick, so a task with 10,000 idle streams wakes once a second for
-/// about 500 of them, not 500 times a second (docs/PERFORMANCE.md, "Streams").
+/// about 500 of them, not 500 times a second (docs/lab/history/2026-12-03-streams.md).
 fn next_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
     static EPOCH: std::sync::LazyLock<tokio::time::Instant> = std::sync::LazyLock::new(tokio::time::Instant::now);
     let due = tokio::time::Instant::now() + heartbeat;

@@ -1,5 +1,5 @@
-//! The benchmark's report: the plans under docs/explain/, and its section of
-//! docs/PERFORMANCE.md (the hand-written findings at its end kept).
+//! The benchmark's report: the plans under docs/explain/, and the timings' section of
+//! docs/explain/README.md beside them (the hand-written findings at its end kept).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -36,10 +36,10 @@ impl Report<'_> {
         for (i, e) in self.erasures {
             std::fs::write(dir.join(format!("{}-erasure.txt", self.subjects[*i].key)), &e.total.explain)?;
         }
-        let path = root.join("docs/PERFORMANCE.md");
-        let current = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Performance\n".to_owned());
+        let path = dir.join("README.md");
+        let current = std::fs::read_to_string(&path).unwrap_or_else(|_| "# The API's queries\n".to_owned());
         std::fs::write(&path, replace_section(&current, SECTION, &self.markdown()))?;
-        println!("wrote docs/PERFORMANCE.md and docs/explain/");
+        println!("wrote docs/explain/");
         Ok(())
     }
 
@@ -54,7 +54,7 @@ impl Report<'_> {
              Each query is a `breakwater_domain` function, exactly as the API calls it, on one connection \
              with sqlx's prepared-statement cache: {} untimed runs, then {} timed ones, client-measured \
              over loopback. Page size {}. Plans: `EXPLAIN (ANALYZE, BUFFERS)` of the same statements, from \
-             `auto_explain`, in [`docs/explain/`](explain/); the command fails if one scans `conversations`, \
+             `auto_explain`, in this directory; the command fails if one scans `conversations`, \
              `messages` or `contacts` sequentially.\n",
             self.started.format("%Y-%m-%d"),
             self.warmup,
@@ -86,11 +86,11 @@ impl Report<'_> {
                 c.subject == 1 && c.key.trim_start_matches("small-") == c0.key.trim_start_matches("big-")
             });
             let (p50, p99, plan1) = other.map_or((String::new(), String::new(), String::new()), |(c, t)| {
-                (ms(t.p50), ms(t.p99), format!(", [small](explain/{}.txt)", c.key))
+                (ms(t.p50), ms(t.p99), format!(", [small]({}.txt)", c.key))
             });
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {p50} | {p99} | [big](explain/{}.txt){plan1}{} |",
+                "| {} | {} | {} | {p50} | {p99} | [big]({}.txt){plan1}{} |",
                 c0.title.replace('|', "/"),
                 ms(t0.p50),
                 ms(t0.p99),
@@ -105,7 +105,7 @@ impl Report<'_> {
             let _ = writeln!(
                 s,
                 "| erasure, {}: request + erase job, {} contacts of {lo}-{hi} conversations (largest: {hi} \
-                 conversations, {msgs} messages, {} ms) | {} | {} | | | [{}](explain/{}-erasure.txt) |",
+                 conversations, {msgs} messages, {} ms) | {} | {} | | | [{}]({}-erasure.txt) |",
                 sub.label,
                 e.sizes.len(),
                 ms(e.largest),

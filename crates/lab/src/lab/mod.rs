@@ -1,4 +1,5 @@
-//! `cargo xtask lab`: the headline experiment in one command (docs/PERFORMANCE.md, "The lab").
+//! `cargo xtask lab`: the headline experiment in one command (docs/lab/REPORT.md; its goals in
+//! docs/PERFORMANCE.md).
 //!
 //! Builds the release binaries, seeds its own database (reused while the seed parameters match),
 //! then, for each admission variant (`off`, `static` 80, `adaptive`), starts the API alone in a
@@ -39,8 +40,8 @@ pub struct LabArgs {
     /// asserts nothing about speed. Writes under target/ unless --out is given.
     #[arg(long)]
     quick: bool,
-    /// Where the report, charts and JSON go [default: docs/PERFORMANCE.md's section and docs/lab/
-    /// for a full run, target/lab-quick/ for --quick]. Raw load lab reports go to OUT/runs/
+    /// Where the report, charts and JSON go [default: docs/lab/ and the goals' section of
+    /// docs/PERFORMANCE.md for a full run, target/lab-quick/ for --quick]. Raw load lab reports go to OUT/runs/
     /// (target/lab/runs/ for a full run without --out).
     #[arg(long)]
     out: Option<PathBuf>,

@@ -1,5 +1,5 @@
-//! The lab's report as markdown: the generated section of docs/PERFORMANCE.md, or a file of its
-//! own.
+//! The lab's report as markdown: the whole report (docs/lab/REPORT.md, or a file of its own),
+//! and its headline, the generated section of docs/PERFORMANCE.md.
 
 use std::fmt::Write as _;
 
@@ -28,6 +28,30 @@ pub(crate) fn markdown(lab: &LabRecord, img: &str) -> String {
         flood_table(&mut s, lab);
     }
     footer(&mut s, lab, img);
+    s
+}
+
+/// The headline for docs/PERFORMANCE.md: the run in one line and the goals; `dir` is where the
+/// whole report and `lab.json` are, relative to the document.
+pub(crate) fn headline(lab: &LabRecord, dir: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "### The lab's goals: the adaptive variant, and its ratios to off\n");
+    let shape = match &lab.machine.unpinned {
+        Some(why) => format!("**UNPINNED** ({why}): not the production shape"),
+        None => format!("pinned at {} core / 512 MiB", lab.plan.api_cpus),
+    };
+    let _ = writeln!(
+        s,
+        "`cargo xtask lab{}` on {} at commit `{}`, {:.0} min, the API {shape}. Every table behind these \
+         figures, with what saturated in each step, is in [the whole report]({dir}{}); every figure in \
+         `{dir}lab.json`.\n",
+        if lab.plan.quick { " --quick" } else { "" },
+        lab.date,
+        lab.commit,
+        lab.wall_s / 60.0,
+        super::REPORT,
+    );
+    goals_rows(&mut s, lab);
     s
 }
 
@@ -107,6 +131,11 @@ fn preamble(s: &mut String, lab: &LabRecord) {
 /// The goals, measured.
 fn goals_table(s: &mut String, lab: &LabRecord) {
     let _ = writeln!(s, "### Goals: the adaptive variant, and its ratios to off\n");
+    goals_rows(s, lab);
+}
+
+/// The goals' table.
+fn goals_rows(s: &mut String, lab: &LabRecord) {
     let _ = writeln!(s, "| goal | target | measured | | notes |\n|---|---|---|---|---|");
     for g in goals(lab) {
         let _ = writeln!(s, "| {} | {} | {} | {} | {} |", g.goal, g.target, g.measured, yes_no(g.met), g.note);

@@ -12,19 +12,24 @@ use crate::record::fixtures::{lab_with, row, sweep};
 use crate::record::reading::refused_by_code;
 use crate::record::{Capacity, Flood, Noisy, RefusalCost, Row, Variant};
 
-/// The committed run's report, rendered again from its JSON, is the generated section committed
-/// in docs/PERFORMANCE.md and the charts committed beside it, byte for byte: the report reads
-/// nothing but the record, and whoever changes how it renders renders the committed run again.
+/// The committed run's report, rendered again from its JSON, is what is committed, byte for byte:
+/// the whole report in docs/lab/REPORT.md, its headline in docs/PERFORMANCE.md and the charts
+/// beside them. The report reads nothing but the record, and whoever changes how it renders
+/// renders the committed run again.
 #[test]
 fn the_committed_lab_json_renders_the_committed_report() -> anyhow::Result<()> {
     let root = crate::rig::services::root();
     let json = root.join("docs/lab/lab.json");
     let lab = LabRecord::from_json(&std::fs::read_to_string(&json)?, &json.display().to_string())?;
-    let doc = std::fs::read_to_string(root.join("docs/PERFORMANCE.md"))?;
-    let rendered = replace_generated(&doc, &markdown(&lab, "lab/"));
-    if rendered != doc {
-        let first = rendered.lines().zip(doc.lines()).position(|(a, b)| a != b);
-        panic!("docs/PERFORMANCE.md's generated section differs from its render, first at line {first:?}");
+    for (path, section) in
+        [("docs/lab/REPORT.md", markdown(&lab, "")), ("docs/PERFORMANCE.md", headline(&lab, "lab/"))]
+    {
+        let doc = std::fs::read_to_string(root.join(path))?;
+        let rendered = replace_generated(&doc, &section);
+        if rendered != doc {
+            let first = rendered.lines().zip(doc.lines()).position(|(a, b)| a != b);
+            panic!("{path}'s generated section differs from its render, first at line {first:?}");
+        }
     }
     for (name, svg) in charts(&lab) {
         let committed = std::fs::read_to_string(root.join("docs/lab").join(name))?;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The counts' read on a seeded database (docs/PERFORMANCE.md, "Inbox counts"): the query of
+# The counts' read on a seeded database (docs/lab/history/2026-12-03-inbox-counts.md): the query of
 # `breakwater_domain::counts::get` (a copy of its text: keep the two alike) for the biggest
 # tenant, its busiest agent as "mine", the whole tenant and its busiest inbox; then the
 # `COUNT(*)` the counters replace. pgbench -M prepared (as sqlx's statement cache), one client,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The inbox counters' write contention (docs/PERFORMANCE.md, "Inbox counts"). pgbench, 16
+# The inbox counters' write contention (docs/lab/history/2026-12-03-inbox-counts.md). pgbench, 16
 # clients, against a database of one tenant shaped like the seed's 55% one (setup.sql: 10
 # inboxes, 117 agents, 200,000 conversations). Half the transactions change a random
 # conversation's status and assignee (update_*.sql), half open a conversation, open and

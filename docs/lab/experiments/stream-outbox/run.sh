@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the live inbox's outbox costs a message post (docs/PERFORMANCE.md, "Streams"). pgbench,
+# What the live inbox's outbox costs a message post (docs/lab/history/2026-12-03-streams.md). pgbench,
 # CLIENTS clients, every post into a random conversation of one tenant shaped like the seed's 55%
 # one (the inbox counts' setup.sql: 10 inboxes, 117 agents, 200,000 conversations), written as
 # `messages::post` writes it:
