@@ -1,13 +1,4 @@
--- Opens a conversation, open and unassigned, in one of the two busiest inboxes; the counters as
--- the variant keeps them (none / tenant / bucket: the migration's, as `counts::shift` writes them).
-\set i random(1, 2)
-\set c random(1, 50000)
-BEGIN;
-SELECT quote_literal(gen_random_uuid()) AS cid, quote_literal('00000000-0000-7000-8001-' || lpad(:i::text, 12, '0')) AS inbox \gset
-SELECT 1 FROM contacts WHERE tenant_id = '00000000-0000-7000-8000-000000000001' AND id = ('00000000-0000-7000-8003-' || lpad(:c::text, 12, '0'))::uuid AND erased_at IS NULL FOR SHARE;
-INSERT INTO conversations (tenant_id, id, inbox_id, contact_id, status)
-  VALUES ('00000000-0000-7000-8000-000000000001', :cid, :inbox, ('00000000-0000-7000-8003-' || lpad(:c::text, 12, '0'))::uuid, 'open');
+-- Appended to create.sql by run.sh for the bucket variant: the migration's counters, as `counts::shift` writes them.
 INSERT INTO conversation_counts AS cc (tenant_id, inbox_id, status, shard, total, unassigned)
   VALUES ('00000000-0000-7000-8000-000000000001', :inbox, 'open', conversation_counts_shard(:cid::uuid), 1, 1)
   ON CONFLICT (tenant_id, inbox_id, status, shard) DO UPDATE SET total = cc.total + EXCLUDED.total, unassigned = cc.unassigned + EXCLUDED.unassigned;
-COMMIT;

@@ -2,13 +2,13 @@
 # The inbox counters' write contention (docs/lab/history/2026-12-03-inbox-counts.md). pgbench, 16
 # clients, against a database of one tenant shaped like the seed's 55% one (setup.sql: 10
 # inboxes, 117 agents, 200,000 conversations). Half the transactions change a random
-# conversation's status and assignee (update_*.sql), half open a conversation, open and
-# unassigned, in one of the two busiest inboxes (create_*.sql: the hottest bucket there is).
+# conversation's status and assignee (update.sql), half open a conversation, open and
+# unassigned, in one of the two busiest inboxes (create.sql: the hottest bucket there is).
 # Both lock and write as `conversations::update` and `conversations::create` do, with:
 #   none    no counters, the baseline;
-#   tenant  one counter row per tenant, written by every change;
-#   bucket  the migration's counters (`counts::shift`'s statements), the shard function set to
-#           SHARDS shards (1: one row per inbox and status).
+#   tenant  one counter row per tenant, written by every change (*_tenant.sql);
+#   bucket  the migration's counters (`counts::shift`'s statements, *_bucket.sql), the shard
+#           function set to SHARDS shards (1: one row per inbox and status).
 # Prints throughput, mean latency, and the share of busy pgbench sessions found waiting on a
 # lock (pg_stat_activity sampled every 50 ms), then checks the counters against COUNT(*).
 #
@@ -16,14 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ROUNDS=${1:-2}
-SECONDS_EACH=${SECONDS_EACH:-15}
-CLIENTS=${CLIENTS:-16}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
-DB=counts_contention
-psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
-P="psql -q -v ON_ERROR_STOP=1 $PGURL/$DB"
-for f in ../../../../migrations/*.sql; do $P -f "$f"; done
-$P -f setup.sql
+. ../lib.sh
+fresh_database counts_contention
 
 run() {
   local variant=$1 shards=$2
@@ -38,22 +32,8 @@ run() {
            SELECT tenant_id, assignee_id, inbox_id, status, count(*)
            FROM conversations WHERE assignee_id IS NOT NULL GROUP BY 1, 2, 3, 4" \
      -c "VACUUM ANALYZE conversation_counts, conversation_assignee_counts" -c "CHECKPOINT"
-  local out; out=$(mktemp)
-  pgbench -n -M simple -c "$CLIENTS" -j 2 -T "$SECONDS_EACH" -f "update_$variant.sql" -f "create_$variant.sql" \
-    "$PGURL/$DB" > "$out" 2>&1 &
-  local bench=$!
-  local locks
-  locks=$($P -At -c "CREATE TEMP TABLE s (lock int, busy int)" \
-    -c "DO \$\$ BEGIN FOR i IN 1..$((SECONDS_EACH * 20 - 10)) LOOP
-          INSERT INTO s SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*)
-            FROM pg_stat_activity WHERE datname = '$DB' AND application_name = 'pgbench' AND state <> 'idle';
-          COMMIT; PERFORM pg_sleep(0.05); END LOOP; END \$\$" \
-    -c "SELECT round(100.0 * sum(lock) / nullif(sum(busy), 0), 1) FROM s" | tail -1)
-  wait "$bench"
-  printf '%-7s shards=%s clients=%s: tps=%s latency_avg_ms=%s lock_wait_pct=%s errors=%s\n' \
-    "$variant" "$shards" "$CLIENTS" "$(awk '/^tps/ {print $3}' "$out")" \
-    "$(awk '/^latency average/ {print $4}' "$out")" "$locks" "$(grep -c error "$out" || true)"
-  rm -f "$out"
+  measure "$(printf '%-7s shards=%s' "$variant" "$shards")" \
+    -f "$(script update "$variant")" -f "$(script create "$variant")"
 }
 
 for _ in $(seq 1 "$ROUNDS"); do

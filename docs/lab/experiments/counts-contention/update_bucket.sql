@@ -1,16 +1,4 @@
--- Changes a random conversation's status and assignee, locking as `conversations::update` does;
--- the counters as the variant keeps them (none / tenant / bucket: as `counts::shift` writes them).
-\set k random(1, 200000)
-\set s random(1, 3)
-\set a random(0, 116)
-BEGIN;
-SELECT quote_literal(c.id) AS cid, quote_literal(c.inbox_id) AS inbox, quote_literal(c.status) AS old_status, quote_nullable(c.assignee_id) AS old_assignee, (c.assignee_id IS NULL)::int AS old_un
-  FROM bench_ids b JOIN conversations c ON c.tenant_id = '00000000-0000-7000-8000-000000000001' AND c.id = b.id
-  JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
-  WHERE b.k = :k AND ct.erased_at IS NULL FOR NO KEY UPDATE OF c FOR SHARE OF ct \gset
-SELECT quote_literal((ARRAY['open','pending','closed'])[:s]) AS new_status,
-       CASE WHEN :a < 30 THEN 'NULL' ELSE quote_literal('00000000-0000-7000-8002-' || lpad((:a + 1 - 30)::text, 12, '0')) END AS new_assignee, (:a < 30)::int AS new_un \gset
-UPDATE conversations SET status = :new_status::conversation_status, assignee_id = :new_assignee::uuid WHERE tenant_id = '00000000-0000-7000-8000-000000000001' AND id = :cid;
+-- Appended to update.sql by run.sh for the bucket variant: the migration's counters, as `counts::shift` writes them.
 INSERT INTO conversation_counts AS cc (tenant_id, inbox_id, status, shard, total, unassigned)
   SELECT '00000000-0000-7000-8000-000000000001', :inbox::uuid, d.status, conversation_counts_shard(:cid::uuid), sum(d.total), sum(d.unassigned)
   FROM (VALUES (:old_status::conversation_status, -1, -:old_un), (:new_status::conversation_status, 1, :new_un)) d (status, total, unassigned)
@@ -22,4 +10,3 @@ INSERT INTO conversation_assignee_counts AS ca (tenant_id, assignee_id, inbox_id
   WHERE d.assignee_id IS NOT NULL
   GROUP BY d.assignee_id, d.status HAVING sum(d.n) <> 0 ORDER BY d.assignee_id, d.status
   ON CONFLICT (tenant_id, assignee_id, inbox_id, status) DO UPDATE SET n = ca.n + EXCLUDED.n;
-COMMIT;

@@ -3,7 +3,7 @@
 # CLIENTS clients, every post into a random conversation of one tenant shaped like the seed's 55%
 # one (the inbox counts' setup.sql: 10 inboxes, 117 agents, 200,000 conversations), written as
 # `messages::post` writes it:
-#   plain   without the event (what a post cost before the stream);
+#   plain   post.sql alone, without the event (what a post cost before the stream);
 #   locked  the first design: the event numbered in the writer's transaction, under the
 #           tenant's head row (every post of the tenant takes that row until it commits);
 #   outbox  the design kept: the event inserted unnumbered (`stream::append`), with one more
@@ -17,18 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ROUNDS=${1:-2}
-SECONDS_EACH=${SECONDS_EACH:-15}
-CLIENTS=${CLIENTS:-16}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
-DB=stream_outbox
-psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
-P="psql -q -v ON_ERROR_STOP=1 $PGURL/$DB"
-for f in ../../../../migrations/*.sql; do $P -f "$f"; done
-$P -f ../counts-contention/setup.sql
+. ../lib.sh
+fresh_database stream_outbox
 
 # The sequencer's statement, from its one owner (the domain), as a pgbench script.
-SEQUENCE=$(mktemp --suffix=.sql)
-trap 'rm -f "$SEQUENCE"' EXIT
+SEQUENCE=$SCRIPTS/sequence.sql
 {
   echo 'BEGIN;'
   lock=$(sed -n 's/^const SEQUENCER_LOCK: i64 = \(.*\);/\1/p' ../../../../crates/domain/src/stream.rs | tr -d _)
@@ -44,24 +37,11 @@ grep -q 'UPDATE stream_events' "$SEQUENCE" || { echo "the sequencer's statement 
 run() {
   local variant=$1
   $P -c "CHECKPOINT"
-  local out; out=$(mktemp)
-  pgbench -n -M simple -c "$CLIENTS" -j 2 -T "$SECONDS_EACH" -f "post_$variant.sql" "$PGURL/$DB" > "$out" 2>&1 &
-  local bench=$!
   if [ "$variant" = outbox ]; then
     PGAPPNAME=sequencer pgbench -n -M simple -c 1 -T "$SECONDS_EACH" -f "$SEQUENCE" "$PGURL/$DB" > /dev/null 2>&1 &
   fi
-  local locks
-  locks=$($P -At -c "CREATE TEMP TABLE s (lock int, busy int)" \
-    -c "DO \$\$ BEGIN FOR i IN 1..$((SECONDS_EACH * 20 - 10)) LOOP
-          INSERT INTO s SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*)
-            FROM pg_stat_activity WHERE datname = '$DB' AND application_name = 'pgbench' AND state <> 'idle';
-          COMMIT; PERFORM pg_sleep(0.05); END LOOP; END \$\$" \
-    -c "SELECT round(100.0 * sum(lock) / nullif(sum(busy), 0), 1) FROM s" | tail -1)
-  wait "$bench"; wait
-  printf '%-7s clients=%s: tps=%s latency_avg_ms=%s lock_wait_pct=%s errors=%s\n' \
-    "$variant" "$CLIENTS" "$(awk '/^tps/ {print $3}' "$out")" \
-    "$(awk '/^latency average/ {print $4}' "$out")" "$locks" "$(grep -c error "$out" || true)"
-  rm -f "$out"
+  measure "$(printf '%-7s' "$variant")" -f "$(script post "$variant")"
+  wait
 }
 
 for _ in $(seq 1 "$ROUNDS"); do

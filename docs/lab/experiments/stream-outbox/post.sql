@@ -1,6 +1,7 @@
 -- A message post into a random conversation of the 55%-shaped tenant, as `messages::post`
 -- writes it without the live inbox's event: lock the conversation, share-lock its contact,
--- insert the message, move the conversation's preview and count.
+-- insert the message, move the conversation's preview and count. The variant's event follows
+-- (post_locked.sql, post_outbox.sql; plain has none), then COMMIT.
 \set k random(1, 200000)
 BEGIN;
 SELECT quote_literal(c.id) AS cid, quote_literal(c.inbox_id) AS inbox, quote_literal(c.contact_id) AS contact,
@@ -14,4 +15,3 @@ INSERT INTO messages (tenant_id, id, conversation_id, sender, author_id, body, c
 UPDATE conversations SET last_activity_at = clock_timestamp(), last_message_preview = 'a benchmark message',
        message_count = message_count + 1
   WHERE tenant_id = '00000000-0000-7000-8000-000000000001' AND id = :cid;
-COMMIT;

@@ -1,5 +1,6 @@
 -- Changes a random conversation's status and assignee, locking as `conversations::update` does;
--- the counters as the variant keeps them (none / tenant / bucket: as `counts::shift` writes them).
+-- the counters' statements of the variant follow (update_tenant.sql, update_bucket.sql; none has
+-- none), then COMMIT.
 \set k random(1, 200000)
 \set s random(1, 3)
 \set a random(0, 116)
@@ -11,4 +12,3 @@ SELECT quote_literal(c.id) AS cid, quote_literal(c.inbox_id) AS inbox, quote_lit
 SELECT quote_literal((ARRAY['open','pending','closed'])[:s]) AS new_status,
        CASE WHEN :a < 30 THEN 'NULL' ELSE quote_literal('00000000-0000-7000-8002-' || lpad((:a + 1 - 30)::text, 12, '0')) END AS new_assignee, (:a < 30)::int AS new_un \gset
 UPDATE conversations SET status = :new_status::conversation_status, assignee_id = :new_assignee::uuid WHERE tenant_id = '00000000-0000-7000-8000-000000000001' AND id = :cid;
-COMMIT;
