@@ -8,23 +8,23 @@ pub(crate) mod autoscaler;
 mod capacity;
 mod costs;
 pub(crate) mod haproxy;
+pub(crate) mod plan;
 mod processes;
 pub(crate) mod record;
 pub(crate) mod stack;
+mod surge;
 mod throttles;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use self::autoscaler::{Autoscaler, Event, Policy, TaskState};
+use self::autoscaler::{Autoscaler, Policy};
 use self::haproxy::Slot;
+use self::plan::Plan;
 use self::processes::{Balancer, Launch, Proc};
-use self::record::TaskSecond;
 use crate::rig::pinned::{Limits, Millicores, Pinned};
 use crate::rig::services;
 
@@ -73,74 +73,6 @@ pub struct FleetArgs {
     from_json: Option<std::path::PathBuf>,
 }
 
-/// The load's shape.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Plan {
-    pub(crate) quick: bool,
-    pub(crate) capacity_one: f64,
-    pub(crate) capacity_how: String,
-    /// Multiples of two tasks' capacity.
-    pub(crate) steady_x: f64,
-    pub(crate) surge_x: f64,
-    pub(crate) steady_s: u64,
-    pub(crate) surge_s: u64,
-    pub(crate) after_s: u64,
-    /// Share of the load from clients that honour Retry-After.
-    pub(crate) honour_share: f64,
-    pub(crate) tasks: u32,
-    pub(crate) max_tasks: u32,
-    pub(crate) period_s: u64,
-    pub(crate) out_periods: u32,
-    pub(crate) start_delay_s: u64,
-    pub(crate) health_interval_s: u64,
-}
-
-impl Plan {
-    fn profiles(&self) -> String {
-        format!(
-            "# Written by `cargo xtask fleet`.\n\n[defaults]\nreader_share = 0.3\nthink_time = \"200ms\"\n\
-             pause = \"0s\"\narrivals = \"poisson\"\n\n[profiles.fleet-surge]\n\
-             description = \"Steady at {sx}x two tasks' capacity, a surge to {ux}x, then back.\"\nstages = [\n  \
-             {{ name = \"steady\", duration = \"{a}s\", capacity = {sx} }},\n  \
-             {{ name = \"surge\", duration = \"{b}s\", capacity = {ux} }},\n  \
-             {{ name = \"after\", duration = \"{c}s\", capacity = {sx} }},\n]\n",
-            sx = self.steady_x,
-            ux = self.surge_x,
-            a = self.steady_s,
-            b = self.surge_s,
-            c = self.after_s,
-        )
-    }
-
-    /// The load's shape from the flags and the stack.
-    fn new(args: &FleetArgs, stack: &stack::Stack, root: &Path) -> Result<Self> {
-        let capacity = match (args.capacity, args.quick) {
-            (Some(c), _) => (c, "given with --capacity".to_owned()),
-            (None, true) => (60.0, "a nominal 60 req/s: --quick measures nothing".to_owned()),
-            (None, false) => lab_capacity(root)?,
-        };
-        let plan = Plan {
-            quick: args.quick,
-            capacity_one: capacity.0,
-            capacity_how: capacity.1,
-            steady_x: 0.8,
-            surge_x: 2.5,
-            steady_s: if args.quick { 20 } else { 120 },
-            surge_s: if args.quick { 60 } else { 180 },
-            after_s: if args.quick { 45 } else { 120 },
-            honour_share: 0.2,
-            tasks: args.tasks.unwrap_or(stack.scaling.min_tasks),
-            max_tasks: args.max_tasks,
-            period_s: if args.quick { 10 } else { 60 },
-            out_periods: args.out_periods,
-            start_delay_s: args.start_delay.unwrap_or(if args.quick { 10 } else { 60 }),
-            health_interval_s: if args.quick { 2 } else { stack.balancer.health.interval.as_secs() },
-        };
-        anyhow::ensure!(plan.tasks >= 1 && plan.tasks <= plan.max_tasks, "--tasks must be between 1 and --max-tasks");
-        Ok(plan)
-    }
-}
-
 fn log(msg: &str) {
     eprintln!("fleet: {msg}");
 }
@@ -158,14 +90,7 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     std::fs::create_dir_all(&runs)?;
 
     let cpus = Millicores::QUARTER;
-    let pin = match Pinned::create(Limits::new(cpus, 100_000, crate::lab::phase::MEMORY)?) {
-        Ok(_) => true,
-        Err(e) if args.quick => {
-            log(&format!("WARNING: cannot pin the tasks ({e:#}); --quick goes on unpinned"));
-            false
-        }
-        Err(e) => return Err(e.context("the fleet pins each task at 0.25 core / 512 MiB (run as root with cgroups)")),
-    };
+    let pin = pin_tasks(cpus, args.quick)?;
     let server = services::ensure_postgres(&services::database_url()).await?;
     let bin = root.join(if args.quick { "target/debug" } else { "target/release" });
     if !args.no_build {
@@ -187,12 +112,7 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         throttles: None,
         capacity: None,
     };
-    for e in &args.experiments {
-        anyhow::ensure!(
-            ["surge", "throttles", "capacity"].contains(&e.as_str()),
-            "unknown experiment {e:?} (surge, throttles, capacity)"
-        );
-    }
+    check_experiments(&args.experiments)?;
     let wants = |e: &str| args.experiments.iter().any(|x| x == e);
     let variants: &[String] = if wants("surge") { &args.variants } else { &[] };
     let ctx = |variant: &'static str, db: &str| Ctx {
@@ -212,14 +132,9 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     };
     let db = format!("{template}_fleet");
     for variant in variants {
-        let variant: &'static str = match variant.as_str() {
-            "adaptive" => "adaptive",
-            "static" => "static",
-            "off" => "off",
-            other => anyhow::bail!("unknown variant {other:?} (adaptive, static, off)"),
-        };
+        let variant = admission_variant(variant)?;
         fresh_copy(&server, template, &db).await?;
-        let run = ctx(variant, &db).run().await.with_context(|| format!("the {variant} fleet"))?;
+        let run = ctx(variant, &db).surge().await.with_context(|| format!("the {variant} fleet"))?;
         log(&record::summary(&plan, &run, stack.balancer.deregistration_delay.as_secs()));
         record::check(&run)?;
         fleet.runs.push(run);
@@ -241,24 +156,7 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     // A full run without the surge adds what it measured to the saved record, whose surge stays;
     // each part says when it was measured.
     if !args.quick && !wants("surge") {
-        let path = out_dir.join("fleet.json");
-        let saved =
-            match std::fs::read_to_string(&path) {
-                Ok(text) => Some(serde_json::from_str::<record::Fleet>(&text).with_context(|| {
-                    format!("{} does not parse: move it away to start a new record", path.display())
-                })?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-            };
-        if let Some(mut saved) = saved {
-            if wants("throttles") {
-                saved.throttles = fleet.throttles.take();
-            }
-            if wants("capacity") {
-                saved.capacity = fleet.capacity.take();
-            }
-            fleet = saved;
-        }
+        fleet = added_to_saved(fleet, &out_dir.join("fleet.json"), wants)?;
     }
     // A run that missed a correctness goal is kept beside its raw files, not in the docs.
     let (out, perf_md) = if broken.is_empty() {
@@ -271,6 +169,64 @@ pub async fn run(args: FleetArgs) -> Result<()> {
     }
     anyhow::ensure!(broken.is_empty(), "the fleet-wide throttles missed: {}", broken.join("; "));
     Ok(())
+}
+
+/// Whether each task runs pinned at `cpus` and the production memory (root and cgroups); only
+/// `--quick` may go on without.
+fn pin_tasks(cpus: Millicores, quick: bool) -> Result<bool> {
+    match Pinned::create(Limits::new(cpus, 100_000, crate::lab::phase::MEMORY)?) {
+        Ok(_) => Ok(true),
+        Err(e) if quick => {
+            log(&format!("WARNING: cannot pin the tasks ({e:#}); --quick goes on unpinned"));
+            Ok(false)
+        }
+        Err(e) => Err(e.context("the fleet pins each task at 0.25 core / 512 MiB (run as root with cgroups)")),
+    }
+}
+
+/// `--experiments` names only experiments there are.
+fn check_experiments(experiments: &[String]) -> Result<()> {
+    for e in experiments {
+        anyhow::ensure!(
+            ["surge", "throttles", "capacity"].contains(&e.as_str()),
+            "unknown experiment {e:?} (surge, throttles, capacity)"
+        );
+    }
+    Ok(())
+}
+
+/// One of `--variants`: the admission variant it names.
+fn admission_variant(variant: &str) -> Result<&'static str> {
+    Ok(match variant {
+        "adaptive" => "adaptive",
+        "static" => "static",
+        "off" => "off",
+        other => anyhow::bail!("unknown variant {other:?} (adaptive, static, off)"),
+    })
+}
+
+/// The saved record at `path` with `fleet`'s throttles and capacity in place of its own, for
+/// the experiments `wants` names; the rest (the surge among them) stays as saved. Without a
+/// saved record, `fleet` as it is.
+fn added_to_saved(mut fleet: record::Fleet, path: &Path, wants: impl Fn(&str) -> bool) -> Result<record::Fleet> {
+    let saved = match std::fs::read_to_string(path) {
+        Ok(text) => Some(
+            serde_json::from_str::<record::Fleet>(&text)
+                .with_context(|| format!("{} does not parse: move it away to start a new record", path.display()))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if let Some(mut saved) = saved {
+        if wants("throttles") {
+            saved.throttles = fleet.throttles.take();
+        }
+        if wants("capacity") {
+            saved.capacity = fleet.capacity.take();
+        }
+        fleet = saved;
+    }
+    Ok(fleet)
 }
 
 /// `--from-json`: the report again from a saved run, measuring nothing.
@@ -314,16 +270,6 @@ fn ensure_haproxy() -> Result<()> {
         "haproxy is not installed and apt-get could not install it (as root: apt-get install haproxy)"
     );
     Ok(())
-}
-
-/// One task's capacity from the last full lab (docs/lab/lab.json).
-fn lab_capacity(root: &Path) -> Result<(f64, String)> {
-    let path = root.join("docs/lab/lab.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).context("docs/lab/lab.json")?)?;
-    let rps =
-        v.pointer("/capacity/rps").and_then(serde_json::Value::as_f64).context("docs/lab/lab.json has no capacity")?;
-    let commit = v.get("commit").and_then(serde_json::Value::as_str).unwrap_or("?");
-    Ok((rps, format!("one pinned task's capacity calibrated by the full lab at {commit} (docs/lab/lab.json)")))
 }
 
 async fn fresh_copy(server: &str, template: &str, db: &str) -> Result<()> {
@@ -377,38 +323,6 @@ impl Ctx<'_> {
                 }
             })
             .collect()
-    }
-
-    fn loadlab(&self, honour: bool, out: &Path) -> tokio::process::Command {
-        let p = self.plan;
-        let share = if honour { p.honour_share } else { 1.0 - p.honour_share };
-        let mut ll = tokio::process::Command::new(self.bin.join("loadlab"));
-        ll.args(["profile", "fleet-surge", "--base", &format!("http://{}", self.listen())])
-            .arg("--profiles")
-            .arg(self.runs.join("fleet-profiles.toml"))
-            .args(["--capacity", &format!("{:.1}", 2.0 * p.capacity_one * share)])
-            .arg("--tokens")
-            .arg(self.tokens)
-            .args([
-                "--timeline",
-                "--max-in-flight",
-                "4096",
-                "--timeout",
-                "30s",
-                "--seed",
-                if honour { "2" } else { "1" },
-            ])
-            .arg("--out")
-            .arg(out)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        // No smoke stage: it asks /ready on an ops listener, which (as behind the ALB) the
-        // balancer does not route to; the runner has seen the first tasks pass their checks.
-        ll.arg("--no-smoke");
-        if honour {
-            ll.arg("--honour-retry-after");
-        }
-        ll
     }
 
     fn launch(&self) -> Launch<'_> {
@@ -502,221 +416,5 @@ impl Ctx<'_> {
             start_delay: Duration::from_secs(p.start_delay_s),
             drain_delay: self.stack.balancer.deregistration_delay,
         }
-    }
-
-    /// One variant's fleet through the load.
-    async fn run(&self) -> Result<record::Run> {
-        let p = self.plan;
-        log(&format!("== {} : {} tasks, at most {} ==", self.variant, p.tasks, p.max_tasks));
-        std::fs::write(self.runs.join("fleet-profiles.toml"), p.profiles())?;
-        let mut live = self.start().await?;
-        let admin = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&services::with_database(&self.server, "postgres"))
-            .await?;
-        let before = costs::read(&self.redis_url, &live.balancer).await;
-        let outs = [
-            self.runs.join(format!("{}-load.json", self.variant)),
-            self.runs.join(format!("{}-honouring.json", self.variant)),
-        ];
-        let mut loads = Vec::new();
-        for (i, out) in outs.iter().enumerate() {
-            let log = std::fs::File::create(out.with_extension("log"))?;
-            loads.push(self.loadlab(i == 1, out).stderr(log).spawn().context("starting loadlab")?);
-        }
-        let drove = self.drive(&mut live, &mut loads, &admin).await;
-        let after = costs::read(&self.redis_url, &live.balancer).await;
-        let decisions =
-            live.scaler.decisions.iter().map(|d| (d.at_s, d.from, d.to, d.cpu.is_finite().then_some(d.cpu))).collect();
-        live.stop().await;
-        let (seconds, peak_rss, connections) = drove?;
-        for (mut ll, what) in loads.into_iter().zip(["the load", "the honouring load"]) {
-            let status = ll.wait().await?;
-            anyhow::ensure!(status.success(), "{what} failed ({status}): see {}", self.runs.display());
-        }
-        let load = breakwater_loadlab::report::Report::read_json(&outs[0])?;
-        let honour = breakwater_loadlab::report::Report::read_json(&outs[1])?;
-        let requests = [&load, &honour].iter().flat_map(|r| r.steps.iter()).map(|s| s.completed).sum();
-        Ok(record::Run {
-            costs: costs::between(&before, &after, requests, connections),
-            variant: self.variant.to_owned(),
-            phases: record::phases(&load),
-            seconds: record::merge(&seconds, &[&load, &honour]),
-            decisions,
-            honouring: honour.steps.iter().filter_map(|s| s.logical.clone()).collect(),
-            peak_rss_bytes: peak_rss,
-        })
-    }
-
-    /// The balancer, the worker and the first tasks, registered and past their health checks
-    /// (the load starts on a service that is up, as after its first deployment).
-    async fn start(&self) -> Result<Live<'_>> {
-        let p = self.plan;
-        let slots = self.slots();
-        let balancer = self.balancer(self.variant, &slots).await?;
-        let launch = self.launch();
-        let worker = Proc::worker(&launch)?;
-        let mut tasks: Vec<Option<Proc>> = (0..slots.len()).map(|_| None).collect();
-        for (i, slot) in slots.iter().enumerate().take(p.tasks as usize) {
-            tasks[i] = Some(Proc::api(&launch, slot, p.max_tasks)?);
-            balancer.register(&slot.name).await?;
-        }
-        let live = Live {
-            balancer,
-            worker,
-            tasks,
-            scaler: Autoscaler::new(self.policy(), p.tasks),
-            slots,
-            launch,
-            jiffies: None,
-        };
-        let first: Vec<&str> = live.slots.iter().take(p.tasks as usize).map(|s| s.name.as_str()).collect();
-        let within = Duration::from_secs(60 + 3 * p.health_interval_s);
-        if let Err(e) = live.balancer.wait_up(&first, within).await {
-            live.stop().await;
-            return Err(e.context("the first tasks"));
-        }
-        Ok(live)
-    }
-
-    /// Every second until the load ends: samples each task, feeds the autoscaler and carries
-    /// out what it decides. A third of the way into the last phase an operator lowers the
-    /// desired count to the minimum, so that every run also measures a scale-in's drain.
-    async fn drive(
-        &self,
-        live: &mut Live<'_>,
-        loads: &mut [tokio::process::Child],
-        admin: &sqlx::PgPool,
-    ) -> Result<(Vec<TaskSecond>, u64, BTreeMap<String, u64>)> {
-        let p = self.plan;
-        let t0 = Instant::now();
-        let scale_in_at = p.steady_s + p.surge_s + p.after_s / 3;
-        let http = reqwest::Client::builder().timeout(Duration::from_millis(800)).build()?;
-        let mut seconds = Vec::new();
-        let mut period_cpu: Vec<f64> = Vec::new();
-        let mut peak_rss = 0u64;
-        let mut connections = BTreeMap::new();
-        let database = services::database_name(&self.db_url);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let t = t0.elapsed().as_secs();
-            let mut running = false;
-            for ll in loads.iter_mut() {
-                running |= ll.try_wait()?.is_none();
-            }
-            if !running {
-                return Ok((seconds, peak_rss, connections));
-            }
-            for (app, n) in costs::connections(admin, &database).await {
-                let peak = connections.entry(app).or_insert(0);
-                *peak = n.max(*peak);
-            }
-            let row = live.sample(t, &http, self.cpus.cores(), &mut peak_rss).await;
-            let cpus: Vec<f64> = row.tasks.iter().filter_map(|s| s.cpu).collect();
-            if !cpus.is_empty() {
-                period_cpu.push(cpus.iter().sum::<f64>() / cpus.len() as f64);
-            }
-            seconds.push(row);
-            let mut events = live.scaler.tick(t);
-            if t > 0 && t.is_multiple_of(p.period_s) && !period_cpu.is_empty() {
-                let avg = period_cpu.iter().sum::<f64>() / period_cpu.len() as f64;
-                period_cpu.clear();
-                let before = live.scaler.decisions.len();
-                events.extend(live.scaler.on_period(t, avg));
-                if let Some(d) = live.scaler.decisions.get(before) {
-                    log(&format!("{t:>4} s: CPU {:.0}% of the quota: {} -> {} tasks", avg * 100.0, d.from, d.to));
-                }
-            }
-            if t == scale_in_at && live.scaler.desired() > live.scaler.policy().min_tasks {
-                log(&format!("{t:>4} s: scale-in to the minimum (the desired count lowered by hand)"));
-                events.extend(live.scaler.scale_in(t, 0, f64::NAN));
-            }
-            for e in events {
-                live.apply(t, e).await?;
-            }
-        }
-    }
-}
-
-/// A fleet that is up.
-struct Live<'a> {
-    balancer: Balancer,
-    worker: Proc,
-    tasks: Vec<Option<Proc>>,
-    scaler: Autoscaler,
-    slots: Vec<Slot>,
-    launch: Launch<'a>,
-    /// The machine's (busy, total) jiffies at the last sample.
-    jiffies: Option<(u64, u64)>,
-}
-
-impl Live<'_> {
-    /// One second of every task: its CPU, admission and the balancer's view.
-    async fn sample(&mut self, t: u64, http: &reqwest::Client, quota: f64, peak_rss: &mut u64) -> TaskSecond {
-        let states = self.balancer.states().await.unwrap_or_default();
-        let jiffies = crate::lab::probes::machine_jiffies();
-        let machine_busy = match (self.jiffies, jiffies) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1 - b0) as f64 / (t1 - t0) as f64),
-            _ => None,
-        };
-        self.jiffies = jiffies;
-        let mut row = TaskSecond { t, desired: self.scaler.desired(), machine_busy, tasks: Vec::new() };
-        for (i, slot) in self.slots.iter().enumerate() {
-            let state = self.scaler.tasks().get(i).copied();
-            let Some(proc) = self.tasks[i].as_mut() else {
-                if let Some(TaskState::Pending { .. }) = state {
-                    row.tasks.push(record::TaskSample::pending(&slot.name));
-                }
-                continue;
-            };
-            let cpu = proc.cpu_share(quota);
-            *peak_rss = (*peak_rss).max(proc.peak_bytes().unwrap_or(0));
-            let admission = processes::admission(http, slot.ops).await;
-            row.tasks.push(record::TaskSample {
-                name: slot.name.clone(),
-                state: if matches!(state, Some(TaskState::Draining { .. })) {
-                    "draining".into()
-                } else {
-                    "running".into()
-                },
-                balancer: states.get(&slot.name).cloned().unwrap_or_default(),
-                cpu,
-                limit: admission.and_then(|a| a.0),
-                in_flight: admission.map(|a| a.1),
-            });
-        }
-        row
-    }
-
-    async fn apply(&mut self, t: u64, event: Event) -> Result<()> {
-        match event {
-            Event::Start(i) => {
-                log(&format!("{t:>4} s: {} starts", self.slots[i].name));
-                self.tasks[i] = Some(Proc::api(&self.launch, &self.slots[i], self.scaler.policy().max_tasks)?);
-                self.balancer.register(&self.slots[i].name).await?;
-            }
-            Event::Deregister(i) => {
-                log(&format!("{t:>4} s: {} deregistered, draining", self.slots[i].name));
-                self.balancer.drain(&self.slots[i].name).await?;
-            }
-            Event::Stop(i) => {
-                log(&format!("{t:>4} s: {} gets SIGTERM", self.slots[i].name));
-                if let Some(proc) = self.tasks[i].take() {
-                    proc.stop(Duration::from_secs(15)).await;
-                }
-                self.balancer.remove(&self.slots[i].name).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn stop(self) {
-        for proc in self.tasks.into_iter().flatten() {
-            proc.stop(Duration::from_secs(15)).await;
-        }
-        self.worker.stop(Duration::from_secs(15)).await;
-        self.balancer.stop().await;
     }
 }

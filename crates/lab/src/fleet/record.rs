@@ -11,7 +11,7 @@ use breakwater_loadlab::report::Report;
 use breakwater_loadlab::retry::LogicalReport;
 use serde::{Deserialize, Serialize};
 
-use super::Plan;
+use super::plan::Plan;
 use super::stack::Stack;
 
 pub(crate) const SCHEMA: &str = "breakwater-fleet/1";
