@@ -201,3 +201,33 @@ fn notifications_parse_and_strangers_do_not() {
         assert!(stream::parse_notification(bad).is_err(), "{bad:?}");
     }
 }
+
+/// The two spellings of a kind agree: what sqlx writes to the `stream_event_kind` column (its
+/// `rename`) is the name the stream sends (`as_str`), and the database's labels are exactly the
+/// kinds listed here, so a kind added to one and not the others fails.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn every_event_kind_is_spelt_the_same_in_the_database_and_on_the_wire(pool: Pool) {
+    let kinds = [
+        EventKind::ConversationCreated,
+        EventKind::ConversationUpdated,
+        EventKind::MessageCreated,
+        EventKind::ContactErased,
+    ];
+    for kind in kinds {
+        let stored: String =
+            sqlx::query_scalar("SELECT $1::stream_event_kind::text").bind(kind).fetch_one(&pool).await.unwrap();
+        assert_eq!(stored, kind.as_str());
+        let read: EventKind = sqlx::query_scalar("SELECT $1::text::stream_event_kind")
+            .bind(kind.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(read, kind);
+    }
+    let mut labels: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(enum_range(NULL::stream_event_kind))::text").fetch_all(&pool).await.unwrap();
+    let mut listed: Vec<String> = kinds.iter().map(|k| k.as_str().to_owned()).collect();
+    labels.sort();
+    listed.sort();
+    assert_eq!(labels, listed);
+}
