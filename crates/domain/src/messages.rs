@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::conversations::ConversationStatus;
@@ -175,42 +176,16 @@ pub async fn post(
     let mut tx = pool.begin().await?;
 
     if let Some(key) = idempotency_key {
-        let hash = request_hash(conversation, body);
-        // The key's row is inserted first: a concurrent retry with the same key blocks on it
-        // until this transaction ends, then sees it. The foreign key to the message is deferred.
-        let inserted = sqlx::query_scalar!(
-            r#"INSERT INTO idempotency_keys (tenant_id, user_id, key, request_hash, message_id)
-               VALUES ($1, $2, $3, $4, $5)
-               ON CONFLICT DO NOTHING
-               RETURNING 1 AS "one!""#,
-            tenant.0,
-            author.0,
-            key,
-            &hash[..],
-            id
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
-        if inserted.is_none() {
-            let first = sqlx::query!(
-                "SELECT request_hash, message_id FROM idempotency_keys
-                 WHERE tenant_id = $1 AND user_id = $2 AND key = $3",
-                tenant.0,
-                author.0,
-                key
-            )
-            .fetch_one(&mut *tx)
-            .await?;
-            if first.request_hash != hash {
+        match use_idempotency_key(&mut tx, tenant, author, key, conversation, body, id).await? {
+            KeyUse::First => {}
+            KeyUse::Replay(message) => {
+                tx.rollback().await?;
+                return Ok(Posted { message, replayed: true });
+            }
+            KeyUse::DifferentRequest => {
                 tx.rollback().await?;
                 return Err(DomainError::Conflict("Idempotency-Key was already used for a different request".into()));
             }
-            // The first request's message, read on this connection (one pool checkout per call),
-            // and only while its contact stands: after an erasure was requested, a replay is a
-            // 404 like every other read of that contact's data.
-            let message = get_visible(&mut *tx, tenant, first.message_id).await?;
-            tx.rollback().await?;
-            return Ok(Posted { message, replayed: true });
         }
     }
 
@@ -278,6 +253,65 @@ pub async fn post(
     stream::append(&mut tx, tenant, EventKind::MessageCreated, event).await?;
     tx.commit().await?;
     Ok(Posted { message, replayed: false })
+}
+
+/// What an idempotency key says about the request that carries it.
+enum KeyUse {
+    /// The key's first use: it is now taken by this request.
+    First,
+    /// A retry of the request that first used the key: that request's message.
+    Replay(Message),
+    /// The key was first used for a different body or conversation.
+    DifferentRequest,
+}
+
+/// Takes an idempotency key for this request (whose message will be `id`), or finds what the
+/// key was first used for.
+async fn use_idempotency_key(
+    conn: &mut PgConnection,
+    tenant: TenantId,
+    author: UserId,
+    key: &str,
+    conversation: Uuid,
+    body: &str,
+    id: Uuid,
+) -> Result<KeyUse> {
+    let hash = request_hash(conversation, body);
+    // The key's row is inserted first: a concurrent retry with the same key blocks on it until
+    // this transaction ends, then sees it. The foreign key to the message is deferred.
+    let inserted = sqlx::query_scalar!(
+        r#"INSERT INTO idempotency_keys (tenant_id, user_id, key, request_hash, message_id)
+               VALUES ($1, $2, $3, $4, $5)
+               ON CONFLICT DO NOTHING
+               RETURNING 1 AS "one!""#,
+        tenant.0,
+        author.0,
+        key,
+        &hash[..],
+        id
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if inserted.is_some() {
+        return Ok(KeyUse::First);
+    }
+    let first = sqlx::query!(
+        "SELECT request_hash, message_id FROM idempotency_keys
+                 WHERE tenant_id = $1 AND user_id = $2 AND key = $3",
+        tenant.0,
+        author.0,
+        key
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if first.request_hash != hash {
+        return Ok(KeyUse::DifferentRequest);
+    }
+    // The first request's message, read on this connection (one pool checkout per call), and
+    // only while its contact stands: after an erasure was requested, a replay is a 404 like every
+    // other read of that contact's data.
+    let message = get_visible(&mut *conn, tenant, first.message_id).await?;
+    Ok(KeyUse::Replay(message))
 }
 
 /// A message whose conversation's contact has not been erased.

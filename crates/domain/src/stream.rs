@@ -2,7 +2,7 @@
 //! the API's stream (`GET /v1/stream`) and replayed to a client that reconnects.
 //!
 //! Every write that changes what an inbox shows appends one event here in its own transaction
-//! ([`append`]): `conversations::create` and `::update`, `messages::post`, and
+//! (`append`): `conversations::create` and `::update`, `messages::post`, and
 //! `contacts::request_erasure`. The event is inserted without a number; the writer takes no lock
 //! another writer waits for, and notifies nothing (a `NOTIFY` serialises every notifying commit
 //! of the whole database on one lock).
