@@ -99,6 +99,47 @@ fn per_step(r: &Report, f: impl Fn(&StepReport) -> Option<f64>) -> Vec<(f64, f64
 
 /// Renders the report as one HTML page.
 pub fn render(r: &Report) -> String {
+    let [latency, throughput, refusals] = step_charts(r);
+    let server = server_chart(r);
+
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>loadlab: {name}</title><style>\
+         body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}\
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}}\
+         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}\
+         .bad{{color:#b00}}</style></head><body>",
+        name = escape(&r.name)
+    );
+    let _ = write!(
+        h,
+        "<h1>loadlab {:?}: {}</h1><p>target <code>{}</code>, started {}, generator {} on {} cores</p>",
+        r.kind,
+        escape(&r.name),
+        escape(&r.target),
+        escape(&r.started_at),
+        escape(&r.generator.version),
+        r.generator.cores
+    );
+    if let Some(a) = &r.analysis {
+        let _ = write!(h, "<h2>Reading the curve</h2><pre>{}</pre>", escape(&a.describe()));
+    }
+    let _ = write!(h, "<h2>Steps</h2><pre>{}</pre>", escape(&r.table()));
+    for svg in [&latency, &throughput, &refusals, &server] {
+        if !svg.is_empty() {
+            let _ = write!(h, "<div>{svg}</div>");
+        }
+    }
+    write_tenants(&mut h, r);
+    write_smoke(&mut h, r);
+    h.push_str("<p>The JSON report holds every figure on this page and every server sample.</p></body></html>");
+    h
+}
+
+/// The charts over the steps: latency percentiles of ok responses, achieved vs offered, and the
+/// refused and failed share.
+fn step_charts(r: &Report) -> [String; 3] {
     let xl = x_label(r);
     let pos = |v: f64| (v > 0.0).then_some(v);
     let latency = chart(
@@ -131,6 +172,11 @@ pub fn render(r: &Report) -> String {
         ],
         false,
     );
+    [latency, throughput, refusals]
+}
+
+/// The server's limit, in-flight and queue depth over the run, as its samples have them.
+fn server_chart(r: &Report) -> String {
     let mut keys: Vec<&String> = r
         .samples
         .iter()
@@ -148,38 +194,11 @@ pub fn render(r: &Report) -> String {
             ((*k).clone(), PALETTE[i], pts)
         })
         .collect();
-    let server =
-        chart("Server limit and in-flight over time", "seconds since start", "requests", &server_series, false);
+    chart("Server limit and in-flight over time", "seconds since start", "requests", &server_series, false)
+}
 
-    let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>loadlab: {name}</title><style>\
-         body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}\
-         pre{{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}}\
-         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}\
-         .bad{{color:#b00}}</style></head><body>",
-        name = escape(&r.name)
-    );
-    let _ = write!(
-        h,
-        "<h1>loadlab {:?}: {}</h1><p>target <code>{}</code>, started {}, generator {} on {} cores</p>",
-        r.kind,
-        escape(&r.name),
-        escape(&r.target),
-        escape(&r.started_at),
-        escape(&r.generator.version),
-        r.generator.cores
-    );
-    if let Some(a) = &r.analysis {
-        let _ = write!(h, "<h2>Reading the curve</h2><pre>{}</pre>", escape(&a.describe()));
-    }
-    let _ = write!(h, "<h2>Steps</h2><pre>{}</pre>", escape(&r.table()));
-    for svg in [&latency, &throughput, &refusals, &server] {
-        if !svg.is_empty() {
-            let _ = write!(h, "<div>{svg}</div>");
-        }
-    }
+/// The tenants' table, for a run with tenants.
+fn write_tenants(h: &mut String, r: &Report) {
     if !r.tenants.is_empty() {
         let _ = write!(
             h,
@@ -202,6 +221,10 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</table>");
     }
+}
+
+/// The smoke stage's table, for a run that had one.
+fn write_smoke(h: &mut String, r: &Report) {
     if let Some(sm) = &r.smoke {
         h.push_str("<h2>Smoke stage</h2><table><tr><th>step</th><th>request</th><th>status</th><th>ms</th><th>result</th></tr>");
         for s in &sm.steps {
@@ -218,6 +241,4 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</table>");
     }
-    h.push_str("<p>The JSON report holds every figure on this page and every server sample.</p></body></html>");
-    h
 }

@@ -1,17 +1,19 @@
 //! `loadlab`: the load lab's command line. See docs/LOADLAB.md.
+//!
+//! Here are its arguments; `commands` does what each subcommand asks.
+
+mod commands;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater_loadlab::analysis::{AnalysisConfig, analyze};
-use breakwater_loadlab::compare::{Thresholds, compare};
-use breakwater_loadlab::profiles::{ProfilesFile, parse_duration};
-use breakwater_loadlab::report::{Report, StepReport, ms};
-use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+use breakwater_loadlab::analysis::AnalysisConfig;
+use breakwater_loadlab::profiles::parse_duration;
+use breakwater_loadlab::runs::Sampling;
 use breakwater_loadlab::schedule::Pacer;
 use breakwater_loadlab::tokens::{DEV_SECRET, Tokens};
-use breakwater_loadlab::{Arrivals, EngineConfig, html};
+use breakwater_loadlab::{Arrivals, EngineConfig};
 use clap::{Args, Parser, Subcommand};
 
 /// glibc's allocator grew and trimmed its per-thread heaps about once per request under
@@ -358,210 +360,16 @@ struct ReportArgs {
     #[arg(long)]
     html: Option<PathBuf>,
 }
-
-fn progress_line(s: &StepReport) {
-    let what = s.offered_rps.map_or_else(|| format!("c={}", s.concurrency.unwrap_or(0)), |r| format!("{r:.0}/s"));
-    eprintln!(
-        "step {:>2} {:<14} {:>9} achieved {:>8.1}/s goodput {:>8.1}/s p50 {:>8} p99 {:>8} refused {:>5.1}% errors {:>5} {}",
-        s.index,
-        s.label,
-        what,
-        s.achieved_rps,
-        s.goodput_rps,
-        ms(s.ok.corrected.p50_ms),
-        ms(s.ok.corrected.p99_ms),
-        s.refused_share * 100.0,
-        s.errors.stats.count,
-        if s.audit.valid { String::new() } else { format!("INVALID: {}", s.audit.reasons.join("; ")) }
-    );
-}
-
-fn emit(report: &Report, out: &OutArgs) -> anyhow::Result<()> {
-    println!("{}", report.table());
-    if let Some(p) = &out.out {
-        report.write_json(p)?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &out.html {
-        std::fs::write(p, html::render(report))?;
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(())
-}
-
-fn rates(a: &RampArgs) -> anyhow::Result<Vec<f64>> {
-    if !a.rates.is_empty() {
-        return Ok(a.rates.clone());
-    }
-    match (a.from, a.to, a.steps) {
-        (Some(f), Some(t), Some(n)) if n >= 1 => {
-            Ok((0..n).map(|k| if n == 1 { f } else { f + (t - f) * k as f64 / (n - 1) as f64 }).collect())
-        }
-        _ => anyhow::bail!("give --rates, or --from, --to and --steps"),
-    }
-}
-
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
-        Cmd::Ramp(a) => {
-            let cfg = RampConfig {
-                urls: a.url.clone(),
-                rates: rates(&a)?,
-                step: a.step,
-                pause: a.pause,
-                engine: a.engine.config(),
-                analysis: a.analysis.config(),
-                sampling: a.sampling.config(),
-            };
-            let tokens = a.tokens.load(a.engine.seed)?;
-            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-            let report = runs::ramp(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
-            emit(&report, &a.out)?;
-        }
-        Cmd::Sweep(a) => {
-            let cfg = SweepConfig {
-                urls: a.url.clone(),
-                concurrency: a.concurrency.clone(),
-                step: a.step,
-                pause: a.pause,
-                engine: a.engine.config(),
-                sampling: a.sampling.config(),
-            };
-            let tokens = a.tokens.load(a.engine.seed)?;
-            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-            let report = runs::sweep(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
-            emit(&report, &a.out)?;
-        }
-        Cmd::Profile(a) => {
-            let capacity_rps = match (&a.capacity_from, a.capacity) {
-                (Some(p), _) => {
-                    let r = Report::read_json(p)?;
-                    Some(r.analysis.and_then(|x| x.capacity).map(|c| c.capacity_rps).ok_or_else(|| {
-                        anyhow::anyhow!("{} has no measured capacity (no step met its objective)", p.display())
-                    })?)
-                }
-                (None, c) => c,
-            };
-            let cfg = ProfileConfig {
-                base: a.base.trim_end_matches('/').to_owned(),
-                ops_base: Some(a.ops_base.trim_end_matches('/').to_owned()),
-                profile: a.name.clone(),
-                profiles: ProfilesFile::load(a.profiles.as_deref()).map_err(anyhow::Error::msg)?,
-                capacity_rps,
-                time_scale: a.time_scale,
-                engine: a.engine.config(),
-                analysis: a.analysis.config(),
-                sampling: Sampling {
-                    ops_url: a
-                        .sampling
-                        .ops_url
-                        .clone()
-                        .or_else(|| Some(format!("{}/v1/ops/status", a.ops_base.trim_end_matches('/')))),
-                    ..a.sampling.config()
-                },
-                smoke: !a.no_smoke,
-            };
-            let tokens = a.tokens.load(a.engine.seed)?;
-            let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-            match runs::profile(&cfg, tokens, (!a.out.quiet).then_some(p)).await {
-                Ok(report) => emit(&report, &a.out)?,
-                Err(RunError::Smoke(f)) => {
-                    eprintln!("{f}");
-                    eprintln!("the run was stopped before any load: fix the path, then run again");
-                    return Ok(ExitCode::from(3));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Cmd::Streams(a) => {
-            let tokens = a.tokens.load(1)?;
-            let config = breakwater_loadlab::streams::StreamsConfig {
-                base: a.base.trim_end_matches('/').to_owned(),
-                streams: a.streams,
-                open_rate: a.open_rate,
-                hold: a.hold,
-                writes_per_sec: a.writes_per_sec,
-            };
-            let report = breakwater_loadlab::streams::run(&config, &tokens).await?;
-            let json = serde_json::to_string_pretty(&report)?;
-            if let Some(path) = &a.out {
-                std::fs::write(path, &json)?;
-            }
-            println!("{json}");
-        }
-        Cmd::Smoke(a) => {
-            let tokens = a.tokens.load(1)?;
-            match runs::smoke_only(
-                a.base.trim_end_matches('/'),
-                Some(a.ops_base.trim_end_matches('/')),
-                &tokens,
-                a.timeout,
-            )
-            .await
-            {
-                Ok(r) => {
-                    for s in &r.steps {
-                        println!(
-                            "ok   {:<18} {:<40} {:>4} {:>8.1}ms",
-                            s.name,
-                            s.request,
-                            s.status.unwrap_or(0),
-                            s.latency_ms
-                        );
-                    }
-                    println!("smoke passed");
-                }
-                Err(f) => {
-                    for s in &f.report.steps {
-                        let mark = if s.ok { "ok  " } else { "FAIL" };
-                        println!(
-                            "{mark} {:<18} {:<40} {:>4} {}",
-                            s.name,
-                            s.request,
-                            s.status.unwrap_or(0),
-                            s.reason.as_deref().unwrap_or("")
-                        );
-                    }
-                    eprintln!("{f}");
-                    return Ok(ExitCode::from(3));
-                }
-            }
-        }
-        Cmd::Compare(a) => {
-            let base = Report::read_json(&a.baseline)?;
-            let cur = Report::read_json(&a.current)?;
-            let t = Thresholds {
-                latency_factor: a.latency_factor,
-                min_latency_rise_ms: a.min_latency_rise.as_secs_f64() * 1000.0,
-                throughput_drop: a.throughput_drop,
-                error_rise: a.error_rise,
-            };
-            let c = compare(&base, &cur, &t);
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&c)?);
-            } else {
-                print!("{}", c.table());
-            }
-            return Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) });
-        }
-        Cmd::Report(a) => {
-            let mut r = Report::read_json(&a.report)?;
-            if let Some(slo) = a.slo_p99 {
-                let cfg = AnalysisConfig {
-                    slo_p99_ms: slo.as_secs_f64() * 1000.0,
-                    headroom: a.headroom,
-                    ..r.analysis.as_ref().map(|x| x.config.clone()).unwrap_or_default()
-                };
-                r.analysis = Some(analyze(&r.steps, &cfg));
-            }
-            println!("{}", r.table());
-            if let Some(p) = &a.html {
-                std::fs::write(p, html::render(&r))?;
-                eprintln!("wrote {}", p.display());
-            }
-        }
+        Cmd::Ramp(a) => commands::ramp(&a).await,
+        Cmd::Sweep(a) => commands::sweep(&a).await,
+        Cmd::Profile(a) => commands::profile(&a).await,
+        Cmd::Streams(a) => commands::streams(&a).await,
+        Cmd::Smoke(a) => commands::smoke(&a).await,
+        Cmd::Compare(a) => commands::compare(&a),
+        Cmd::Report(a) => commands::report(&a),
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {

@@ -9,18 +9,19 @@
 //! Rows are sorted by their UUIDv7 key, whose timestamp is the row's `created_at`: the tables
 //! are written in time order, as a production database fills up, so the heap's physical order
 //! (and the planner's correlation statistics) look like production's.
+//!
+//! [`Plan::generate`] draws the tenants, then generates each tenant's rows (`tenant`) on a few
+//! threads, then merges them in key order.
 
-use rand::seq::SliceRandom;
+mod tenant;
+
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, LogNormal};
 use uuid::Uuid;
 
+use self::tenant::{TenantCtx, TenantRows};
 pub use crate::enums::{Sender, Status};
 use crate::text;
-
-/// Conversations per contact, on average.
-const CONVERSATIONS_PER_CONTACT: f64 = 2.2;
 
 /// Microseconds in a second and in a day.
 pub(crate) const SECOND: i64 = 1_000_000;
@@ -284,30 +285,6 @@ pub(crate) fn shares(tenants: usize, skew: f64) -> Vec<f64> {
     std::iter::once(skew).chain(rest).collect()
 }
 
-/// A sampler over `0..weights.len()` by cumulative weights.
-struct Weighted(Vec<f64>);
-
-impl Weighted {
-    /// Weights `1/(i+1)^exponent` for `n` items: a few busy ones, a tail of quiet ones.
-    fn zipf(n: usize, exponent: f64) -> Self {
-        let mut acc = 0.0;
-        Self(
-            (0..n)
-                .map(|i| {
-                    acc += float(i + 1).powf(-exponent);
-                    acc
-                })
-                .collect(),
-        )
-    }
-
-    fn sample(&self, rng: &mut impl Rng) -> usize {
-        let total = self.0.last().copied().unwrap_or(0.0);
-        let x = rng.random::<f64>() * total;
-        self.0.partition_point(|&c| c <= x).min(self.0.len().saturating_sub(1))
-    }
-}
-
 /// Parameters of one generation.
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -317,16 +294,6 @@ pub struct Params {
     pub seed: u64,
     /// The end of the seeded year (unix microseconds).
     pub until: i64,
-}
-
-/// One tenant's rows before the global sort.
-#[derive(Default)]
-struct TenantRows {
-    users: Vec<User>,
-    inboxes: Vec<Inbox>,
-    contacts: Vec<Contact>,
-    conversations: Vec<Conversation>,
-    messages: Vec<Message>,
 }
 
 impl Plan {
@@ -438,184 +405,6 @@ fn body(bodies: &ChaCha8Rng, ordinal: u32, sender: Sender, out: &mut String) {
     text::body(&mut rng, sender, out);
 }
 
-/// What one tenant's generation needs.
-struct TenantCtx<'a> {
-    tenant: &'a Tenant,
-    domain: &'a str,
-    conversations: usize,
-    messages: usize,
-    first_ordinal: usize,
-    until: i64,
-    bodies: &'a ChaCha8Rng,
-}
-
-impl TenantCtx<'_> {
-    #[allow(clippy::too_many_lines)]
-    fn generate(&self, rng: &mut ChaCha8Rng) -> TenantRows {
-        let (convs, msgs, tenant_id, until) = (self.conversations, self.messages, self.tenant.id, self.until);
-        let year_start = until - YEAR;
-        let onboarded = self.tenant.created_at;
-
-        // Agents scale with the tenant (2 for the smallest, ~120 for the 55% one), plus admins.
-        let agents = floor_usize((float(convs).sqrt() / 4.0).round()).clamp(2, 150);
-        let admins = 1 + usize::from(convs >= 10_000) + usize::from(convs >= 100_000);
-        let users: Vec<User> = (0..admins + agents)
-            .map(|n| {
-                let who = text::person(rng);
-                let created_at = onboarded + rng.random_range(0..30 * DAY);
-                User {
-                    tenant_id,
-                    id: uuid_v7(rng, created_at),
-                    email: text::work_email(&who, n, self.domain),
-                    name: who.name,
-                    admin: n < admins,
-                    created_at,
-                }
-            })
-            .collect();
-        let agent_ids: Vec<Uuid> = users[admins..].iter().map(|u| u.id).collect();
-        let pick_agent = Weighted::zipf(agent_ids.len(), 0.6);
-
-        let inbox_count = (2 + floor_usize((float(convs) / 500.0).log2())).clamp(2, 12);
-        let inboxes: Vec<Inbox> = (0..inbox_count)
-            .map(|i| {
-                let (name, channel) = text::inbox(i);
-                let created_at = onboarded + rng.random_range(0..30 * DAY);
-                Inbox { tenant_id, id: uuid_v7(rng, created_at), name, channel, created_at }
-            })
-            .collect();
-        let pick_inbox = Weighted::zipf(inboxes.len(), 0.9);
-
-        // When conversations open: over the year, four times denser at its end than its start
-        // (inverse CDF of a density growing like e^(k t), k = ln 4).
-        let k = 4f64.ln();
-        let mut opened: Vec<i64> = (0..convs)
-            .map(|_| {
-                let u: f64 = rng.random();
-                let f = (1.0 + u * (k.exp() - 1.0)).ln() / k;
-                year_start + micros(f * float64(YEAR))
-            })
-            .collect();
-        opened.sort_unstable();
-
-        // Conversations per contact: a fixed number of contacts per conversation (so contacts
-        // follow the tenant's share), each with one conversation plus a share of the rest by
-        // power-law weights (alpha 1.5): most write in once, a few hundreds of times.
-        let contact_count = floor_usize((float(convs) / CONVERSATIONS_PER_CONTACT).round()).clamp(1, convs);
-        let tail: Vec<f64> = (0..contact_count).map(|_| (1.0 - rng.random::<f64>()).powf(-1.0 / 1.5) - 1.0).collect();
-        let mut per_contact = split(convs - contact_count, &tail);
-        for n in &mut per_contact {
-            *n += 1;
-        }
-        let mut slots: Vec<u32> =
-            per_contact.iter().enumerate().flat_map(|(j, &n)| std::iter::repeat_n(index32(j), n)).collect();
-        slots.shuffle(rng);
-        let mut first_seen = vec![i64::MAX; per_contact.len()];
-        for (i, &j) in slots.iter().enumerate() {
-            let j = j as usize;
-            first_seen[j] = first_seen[j].min(opened[i]);
-        }
-        // One in twenty contacts never wrote in (imported from a CRM, say).
-        let idle = per_contact.len() / 20;
-        let contacts: Vec<Contact> = (0..per_contact.len() + idle)
-            .map(|j| {
-                let created_at = match first_seen.get(j) {
-                    Some(&first) => first - rng.random_range(0..2 * 3_600 * SECOND),
-                    None => year_start + rng.random_range(0..YEAR),
-                };
-                let who = text::person(rng);
-                let email = rng.random_bool(0.85).then(|| text::contact_email(rng, &who));
-                Contact { tenant_id, id: uuid_v7(rng, created_at), name: who.name, email, created_at }
-            })
-            .collect();
-
-        // Messages per conversation: at least one (but for 1 in 200 just opened by an agent),
-        // the rest dealt by log-normal weights, so a few conversations run to hundreds.
-        let empty: Vec<bool> = (0..convs).map(|_| msgs >= convs && rng.random_bool(0.005)).collect();
-        let nonempty = empty.iter().filter(|e| !**e).count();
-        let base = usize::from(msgs >= nonempty);
-        let weight = LogNormal::new(0.0, 1.1).expect("finite parameters");
-        let weights: Vec<f64> = empty.iter().map(|&e| if e { 0.0 } else { weight.sample(rng) }).collect();
-        let mut counts = split(msgs - base * nonempty, &weights);
-        for (c, e) in counts.iter_mut().zip(&empty) {
-            if !e {
-                *c += base;
-            }
-        }
-
-        // Gaps between messages: a few minutes typically, hours sometimes, and now and then the
-        // contact comes back days later.
-        let gap = LogNormal::new(180f64.ln(), 1.6).expect("finite parameters");
-        let mut conversations = Vec::with_capacity(convs);
-        let mut messages = Vec::with_capacity(msgs);
-        let mut ordinal = index32(self.first_ordinal);
-        let mut times = Vec::new();
-        let mut scratch = String::new();
-        for (i, &created_at) in opened.iter().enumerate() {
-            times.clear();
-            let mut at = created_at + rng.random_range(0..5 * SECOND);
-            for m in 0..counts[i] {
-                if m > 0 {
-                    at += if rng.random_bool(0.04) {
-                        rng.random_range(DAY..10 * DAY)
-                    } else {
-                        micros(gap.sample(rng) * float64(SECOND)).max(SECOND)
-                    };
-                }
-                times.push(at);
-            }
-            squeeze_before(&mut times, until);
-            let last_activity_at = times.last().copied().unwrap_or(created_at);
-            let status = status_after(until - last_activity_at, rng);
-            let unassigned = match status {
-                Status::Open => 0.30,
-                Status::Pending => 0.08,
-                Status::Closed => 0.04,
-            };
-            let assignee_id = (!rng.random_bool(unassigned)).then(|| agent_ids[pick_agent.sample(rng)]);
-            let id = uuid_v7(rng, created_at);
-            let mut sender = Sender::Contact;
-            for (m, &at) in times.iter().enumerate() {
-                if m > 0 {
-                    sender = next_sender(sender, rng);
-                }
-                let author_id = (sender == Sender::Agent).then(|| match assignee_id {
-                    Some(a) if rng.random_bool(0.9) => a,
-                    _ => agent_ids[pick_agent.sample(rng)],
-                });
-                messages.push(Message {
-                    id: uuid_v7(rng, at),
-                    conversation_id: id,
-                    created_at: at,
-                    tenant_id,
-                    author_id,
-                    ordinal,
-                    sender,
-                });
-                ordinal += 1;
-            }
-            let preview = messages.last().filter(|m| m.conversation_id == id).map(|m| {
-                body(self.bodies, m.ordinal, m.sender, &mut scratch);
-                scratch.chars().take(PREVIEW_CHARS).collect()
-            });
-            conversations.push(Conversation {
-                tenant_id,
-                id,
-                inbox_id: inboxes[pick_inbox.sample(rng)].id,
-                contact_id: contacts[slots[i] as usize].id,
-                assignee_id,
-                status,
-                created_at,
-                last_activity_at,
-                preview,
-                message_count: index32(counts[i]),
-            });
-        }
-        messages.sort_unstable_by_key(|m| m.id);
-        TenantRows { users, inboxes, contacts, conversations, messages }
-    }
-}
-
 /// Merges per-tenant runs, each sorted by key, into one sorted vector (a k-way merge moves each
 /// row once, where concatenating and sorting would move it dozens of times).
 fn merge_sorted(runs: Vec<Vec<Message>>) -> Vec<Message> {
@@ -640,55 +429,6 @@ fn merge_sorted(runs: Vec<Vec<Message>>) -> Vec<Message> {
         }
     }
     out
-}
-
-/// Compresses a conversation's message times that run past the end of the seeded year so they
-/// end at it, keeping their order (strictly increasing).
-fn squeeze_before(times: &mut [i64], until: i64) {
-    let (Some(&first), Some(&last)) = (times.first(), times.last()) else { return };
-    if last <= until || times.len() < 2 {
-        return;
-    }
-    let scale = float64((until - first).max(0)) / float64(last - first);
-    let mut previous = first;
-    for t in times.iter_mut().skip(1) {
-        *t = (first + micros(float64(*t - first) * scale)).max(previous + 1);
-        previous = *t;
-    }
-}
-
-/// Recent conversations are often still open or waiting; old ones are nearly all closed.
-fn status_after(idle: i64, rng: &mut impl Rng) -> Status {
-    let (open, pending) = if idle < 2 * DAY {
-        (0.45, 0.25)
-    } else if idle < 14 * DAY {
-        (0.12, 0.13)
-    } else {
-        (0.03, 0.02)
-    };
-    let x: f64 = rng.random();
-    if x < open {
-        Status::Open
-    } else if x < open + pending {
-        Status::Pending
-    } else {
-        Status::Closed
-    }
-}
-
-/// Who writes next: mostly turns between contact and agent, sometimes a second message from
-/// the same side, now and then a system notice.
-fn next_sender(previous: Sender, rng: &mut impl Rng) -> Sender {
-    let x: f64 = rng.random();
-    match previous {
-        Sender::Contact if x < 0.70 => Sender::Agent,
-        Sender::Contact if x < 0.95 => Sender::Contact,
-        Sender::Agent if x < 0.65 => Sender::Contact,
-        Sender::Agent if x < 0.95 => Sender::Agent,
-        Sender::System if x < 0.60 => Sender::Agent,
-        Sender::System => Sender::Contact,
-        _ => Sender::System,
-    }
 }
 
 #[cfg(test)]
@@ -722,15 +462,6 @@ mod tests {
         let b = uuid_v7(&mut rng, 1_700_000_000_001_000);
         assert_eq!(a.get_version_num(), 7);
         assert!(a < b);
-    }
-
-    #[test]
-    fn squeezing_keeps_order_and_ends_in_time() {
-        let mut t = vec![0, 10, 20, 1_000];
-        squeeze_before(&mut t, 100);
-        assert_eq!(t.first(), Some(&0));
-        assert!(t.windows(2).all(|w| w[0] < w[1]));
-        assert!(*t.last().expect("non-empty") <= 100);
     }
 
     #[test]
