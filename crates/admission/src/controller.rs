@@ -318,49 +318,80 @@ impl Gradient {
         let aim = knee + Self::QUEUE_ALLOWANCE;
         let throughput = w.in_flight / w.mean;
         let before = self.limit;
-        let may_probe = self.windows_since_probe >= 2;
 
         if self.startup {
-            if std::mem::take(&mut self.settling) {
-                // The first window after halving still completes work admitted before it.
-            } else if self.descending {
-                let (ref_mean, ref_limit) = self.descent_ref;
-                if w.mean / ref_mean < 1.25 * (self.limit / ref_limit) {
-                    // Latency fell in proportion to the limit: still above the knee. Halve again.
-                    self.descent_ref = (w.mean, self.limit);
-                    self.base = Some(w.mean);
-                    self.limit *= 0.5;
-                    self.settling = true;
-                } else {
-                    // Latency stopped following the limit down: this window ran at or below
-                    // the knee, so its latency is the no-load latency.
-                    self.base = Some(w.mean);
-                    self.startup = false;
-                    self.below_knee = true;
-                    self.probe_next = true;
-                }
-            } else if q > Self::STARTUP_EXIT {
-                if q > 1.6 && self.doublings == 1 && self.limit >= 4.0 * self.bounds.min {
-                    // The first doubling nearly doubled latency: the initial limit was already
-                    // above the knee, so the baseline measured at it is too high. Halve until
-                    // latency stops halving with the limit.
-                    self.descending = true;
-                    self.settling = true;
-                    self.descent_ref = (w.mean, self.limit);
-                    self.limit *= 0.25;
-                } else {
-                    self.startup = false;
-                    self.limit = aim;
-                    self.probe_next = true;
-                }
-            } else if w.limited {
-                self.limit *= 2.0;
-                self.doublings += 1;
-            }
+            self.startup_window(w, q, aim);
         } else if after_probe {
             // This window's completions were admitted under the probe's lower limit: they tell
             // about the baseline (done above), not about where the limit should be.
-        } else if q <= Self::NO_QUEUE && w.limited && self.below_knee {
+        } else {
+            self.steady_window(w, q, aim);
+        }
+        if w.limited && base < self.target {
+            // Never admit more than could finish within the target at this throughput.
+            self.limit = self.limit.min((throughput * self.target).max(knee));
+        }
+        let floor = if self.descending { 0.25 } else { 0.5 };
+        self.limit = self.bounds.clamp(self.limit.max(before * floor));
+        if !self.startup {
+            self.steer_by_target(w);
+        }
+
+        if !self.startup {
+            self.schedule_probe(w, after_probe, last_mean);
+        }
+    }
+
+    /// One startup window, whose latency ratio to the baseline is `q`: the limit doubles while
+    /// demand exceeds it and latency holds, and startup ends at `aim` once latency rises. If the
+    /// first doubling showed the start was above the knee, the limit comes down instead, halving
+    /// until latency stops following it, and startup ends there.
+    fn startup_window(&mut self, w: &WindowSummary, q: f64, aim: f64) {
+        if std::mem::take(&mut self.settling) {
+            // The first window after halving still completes work admitted before it.
+        } else if self.descending {
+            let (ref_mean, ref_limit) = self.descent_ref;
+            if w.mean / ref_mean < 1.25 * (self.limit / ref_limit) {
+                // Latency fell in proportion to the limit: still above the knee. Halve again.
+                self.descent_ref = (w.mean, self.limit);
+                self.base = Some(w.mean);
+                self.limit *= 0.5;
+                self.settling = true;
+            } else {
+                // Latency stopped following the limit down: this window ran at or below
+                // the knee, so its latency is the no-load latency.
+                self.base = Some(w.mean);
+                self.startup = false;
+                self.below_knee = true;
+                self.probe_next = true;
+            }
+        } else if q > Self::STARTUP_EXIT {
+            if q > 1.6 && self.doublings == 1 && self.limit >= 4.0 * self.bounds.min {
+                // The first doubling nearly doubled latency: the initial limit was already
+                // above the knee, so the baseline measured at it is too high. Halve until
+                // latency stops halving with the limit.
+                self.descending = true;
+                self.settling = true;
+                self.descent_ref = (w.mean, self.limit);
+                self.limit *= 0.25;
+            } else {
+                self.startup = false;
+                self.limit = aim;
+                self.probe_next = true;
+            }
+        } else if w.limited {
+            self.limit *= 2.0;
+            self.doublings += 1;
+        }
+    }
+
+    /// One window after startup (not the one right after a probe), whose latency ratio to the
+    /// baseline is `q`: the limit grows while there is no queue and the last probe showed room;
+    /// otherwise it moves toward `aim`, and a probe is asked for when capacity may have grown
+    /// or latency jumped.
+    fn steady_window(&mut self, w: &WindowSummary, q: f64, aim: f64) {
+        let may_probe = self.windows_since_probe >= 2;
+        if q <= Self::NO_QUEUE && w.limited && self.below_knee {
             self.growth_streak += 1;
             let steps = f64::from(self.growth_streak.saturating_sub(2).max(1));
             self.limit *= (1.0 + Self::GROWTH_STEP * steps).min(Self::GROWTH_MAX);
@@ -385,30 +416,24 @@ impl Gradient {
             }
             self.limit += self.smoothing * (target - self.limit);
         }
-        if w.limited && base < self.target {
-            // Never admit more than could finish within the target at this throughput.
-            self.limit = self.limit.min((throughput * self.target).max(knee));
-        }
-        let floor = if self.descending { 0.25 } else { 0.5 };
-        self.limit = self.bounds.clamp(self.limit.max(before * floor));
-        if !self.startup {
-            self.steer_by_target(w);
-        }
+    }
 
-        if !self.startup {
-            self.windows_since_probe += 1;
-            // A probe is compared with the window before it, which must have run at the full
-            // limit: never the window right after another probe.
-            let due = self.probe_next || self.windows_since_probe >= Self::PROBE_EVERY;
-            // While the target's floor holds the limit above the estimate, a probe below the knee
-            // would only throw throughput away: the floor, not the baseline, decides the limit.
-            let floor_rules = self.target_floor > self.limit;
-            if due && !after_probe && !floor_rules {
-                self.probe_next = false;
-                self.probing = true;
-                self.mean_before_probe = w.mean;
-                self.steady_before_probe = (w.mean / last_mean - 1.0).abs() < 0.05;
-            }
+    /// Counts a window after startup and starts a probe for the next one when one is due: asked
+    /// for, or `PROBE_EVERY` windows since the last. `last_mean` is the mean latency of the
+    /// window before this one.
+    fn schedule_probe(&mut self, w: &WindowSummary, after_probe: bool, last_mean: f64) {
+        self.windows_since_probe += 1;
+        // A probe is compared with the window before it, which must have run at the full
+        // limit: never the window right after another probe.
+        let due = self.probe_next || self.windows_since_probe >= Self::PROBE_EVERY;
+        // While the target's floor holds the limit above the estimate, a probe below the knee
+        // would only throw throughput away: the floor, not the baseline, decides the limit.
+        let floor_rules = self.target_floor > self.limit;
+        if due && !after_probe && !floor_rules {
+            self.probe_next = false;
+            self.probing = true;
+            self.mean_before_probe = w.mean;
+            self.steady_before_probe = (w.mean / last_mean - 1.0).abs() < 0.05;
         }
     }
 

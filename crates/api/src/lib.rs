@@ -3,7 +3,7 @@
 //! The request path, outermost first (see `docs/ARCHITECTURE.md`):
 //!
 //! ```text
-//! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server.rs
+//! socket accept (connection cap, header-read timeout, idle keep-alive timeout)   server/
 //!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
 //!   -> token verified once (its tenant keys admission; forged: one anonymous key)  auth.rs
 //!   -> refusals to callers back before their Retry-After paced     breakwater_admission

@@ -26,7 +26,11 @@
 
 pub mod ahead;
 mod breaker;
+mod fallback;
 pub mod gcra;
+mod mirror;
+mod script;
+mod status;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -37,11 +41,13 @@ use std::time::{Duration, Instant};
 use breakwater_domain::{TenantId, UserId};
 use serde::Serialize;
 
-use crate::redis::{RedisConnection, RedisPool};
+use crate::redis::RedisPool;
 use breaker::Breaker;
+use fallback::LocalBuckets;
 pub use gcra::Limit;
-
-const SCRIPT: &str = include_str!("gcra.lua");
+use mirror::{Mirror, MirrorKey};
+use script::SCRIPT;
+pub use status::{RefusedTotals, ThrottleStatus};
 
 /// Which bucket a decision is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -121,24 +127,6 @@ pub struct ThrottleSettings {
     pub key_prefix: String,
 }
 
-/// A bucket the mirror remembers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum MirrorKey {
-    Tenant(TenantId),
-    User(TenantId, UserId),
-    Ip(IpAddr),
-}
-
-/// Buckets that refused, until they admit again.
-#[derive(Debug, Default)]
-struct Mirror {
-    refusing: HashMap<MirrorKey, (Instant, Limit)>,
-    inserts: u32,
-}
-
-/// Buckets the mirror holds before it drops the ones admitting again.
-const MIRROR_PRUNE_AT: usize = 4096;
-
 /// Live counters.
 #[derive(Debug, Default)]
 struct Counters {
@@ -162,71 +150,6 @@ pub struct Throttles {
     local: Mutex<LocalBuckets>,
     mirror: Mutex<Mirror>,
     counters: Counters,
-}
-
-#[derive(Debug, Default)]
-struct LocalBuckets {
-    tats: HashMap<String, i64>,
-    checks_since_prune: u32,
-}
-
-/// The published state of the throttles.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ThrottleStatus {
-    /// `ok` (Redis), `degraded` (in-process fallback) or `off`.
-    pub state: &'static str,
-    /// The configured limits.
-    pub limits: Limits,
-    /// How many tenants have a plan override.
-    pub tenant_overrides: usize,
-    /// API tasks sharing the limits (the fallback's divisor).
-    pub api_tasks: u32,
-    /// The per-call Redis budget, in ms.
-    pub redis_budget_ms: u64,
-    /// Requests checked.
-    pub checks: u64,
-    /// Of those, checked in process because Redis was unavailable.
-    pub fallback_checks: u64,
-    /// Redis calls that failed or ran past the budget.
-    pub redis_errors: u64,
-    /// How often the breaker opened.
-    pub breaker_opens: u64,
-    /// Refusals per bucket kind.
-    pub refused: RefusedTotals,
-    /// Of those, answered before admission: the bucket was still refusing from an earlier
-    /// refusal (the mirror), so neither admission nor Redis was asked.
-    pub refused_ahead: u64,
-}
-
-/// Refusals per bucket kind.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RefusedTotals {
-    /// By the tenant bucket.
-    pub tenant: u64,
-    /// By the user bucket.
-    pub user: u64,
-    /// By the IP bucket.
-    pub ip: u64,
-}
-
-/// One `EVALSHA` of the script, loading it first when this Redis (or shard) has not seen it.
-async fn evalsha<C: redis::aio::ConnectionLike + Send>(conn: &mut C, cmd: &redis::Cmd) -> redis::RedisResult<Vec<i64>> {
-    match cmd.query_async(conn).await {
-        Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-            load_script(conn).await?;
-            cmd.query_async(conn).await
-        }
-        result => result,
-    }
-}
-
-/// `SCRIPT LOAD` (on a cluster, the client sends it to every node, and needs every one to answer).
-async fn load_script<C: redis::aio::ConnectionLike + Send>(conn: &mut C) -> redis::RedisResult<()> {
-    redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).query_async::<redis::Value>(conn).await.map(drop)
-}
-
-fn now_us() -> i64 {
-    chrono::Utc::now().timestamp_micros()
 }
 
 /// The address a client's IP bucket is kept for: an IPv4 address as it is, an IPv6 one by its
@@ -348,48 +271,6 @@ impl Throttles {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn remember_refusal(&self, key: MirrorKey, limit: Limit, asked: Instant, retry_after_us: i64) {
-        let now = Instant::now();
-        let until = asked + Duration::from_micros(u64::try_from(retry_after_us).unwrap_or(0));
-        let Ok(mut mirror) = self.mirror.lock() else { return };
-        mirror.refusing.insert(key, (until, limit));
-        mirror.inserts += 1;
-        if mirror.refusing.len() > MIRROR_PRUNE_AT && mirror.inserts as usize > mirror.refusing.len() / 2 {
-            mirror.refusing.retain(|_, (until, _)| *until > now);
-            mirror.inserts = 0;
-        }
-    }
-
-    /// The refusal a request gets before admission: one of its buckets refused earlier and does
-    /// not admit yet (the one that admits last, when several). Counted as that bucket's refusal.
-    /// `None` when every bucket may admit it (then [`Self::check`] decides, after admission).
-    pub fn refused_ahead(&self, tenant: TenantId, user: UserId, ip: IpAddr) -> Option<Decision> {
-        if !self.settings.enabled {
-            return None;
-        }
-        let now = Instant::now();
-        let found = {
-            let mirror = self.mirror.lock().ok()?;
-            if mirror.refusing.is_empty() {
-                return None;
-            }
-            [
-                (KeyKind::Tenant, MirrorKey::Tenant(tenant)),
-                (KeyKind::User, MirrorKey::User(tenant, user)),
-                (KeyKind::Ip, MirrorKey::Ip(ip_bucket(ip))),
-            ]
-            .into_iter()
-            .filter_map(|(kind, key)| mirror.refusing.get(&key).map(|(until, limit)| (kind, *until, *limit)))
-            .filter(|(_, until, _)| *until > now)
-            .max_by_key(|(_, until, _)| *until)
-        }?;
-        let (kind, until, limit) = found;
-        self.count_refusal(kind);
-        self.counters.refused_ahead.fetch_add(1, Ordering::Relaxed);
-        let retry_after_us = i64::try_from(until.saturating_duration_since(now).as_micros()).unwrap_or(i64::MAX);
-        Some(Decision::Refused { kind, limit, retry_after_us })
-    }
-
     fn on_redis_failure(&self, why: &str) {
         self.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
         if self.breaker.on_failure() {
@@ -404,148 +285,6 @@ impl Throttles {
             // (a lost zone) or to a demoted primary; the next probe connects afresh.
             self.redis.reset();
         }
-    }
-
-    async fn check_redis(
-        &self,
-        keys: &[String; 2],
-        limits: &[(KeyKind, Limit); 2],
-        ip_key: &str,
-        ip_limit: (KeyKind, Limit),
-    ) -> redis::RedisResult<Decision> {
-        let mut conn = self.redis.get().await?;
-        let hash = self.script.get_hash();
-        let mut tenant = redis::cmd("EVALSHA");
-        tenant.arg(hash).arg(2).arg(&keys[0]).arg(&keys[1]);
-        for (_, l) in limits {
-            tenant.arg(l.interval_us()).arg(l.tolerance_us());
-        }
-        let mut ip = redis::cmd("EVALSHA");
-        ip.arg(hash).arg(1).arg(ip_key).arg(ip_limit.1.interval_us()).arg(ip_limit.1.tolerance_us());
-        let replies: Vec<Vec<i64>> = match &mut conn {
-            RedisConnection::Cluster(c) => {
-                // Two slots, perhaps two shards: a cluster refuses a pipeline across slots, so
-                // the two calls go out at once on the multiplexed connection instead.
-                let mut other = c.clone();
-                let (a, b) = tokio::join!(evalsha(c, &tenant), evalsha(&mut other, &ip));
-                vec![a?, b?]
-            }
-            RedisConnection::Single(c) => {
-                let mut pipe = redis::pipe();
-                pipe.add_command(tenant).add_command(ip);
-                match pipe.query_async(c).await {
-                    Ok(r) => r,
-                    Err(err) if err.kind() == redis::ErrorKind::NoScriptError => {
-                        // First call on this Redis (or after a restart/flush): load, retry.
-                        load_script(c).await?;
-                        pipe.query_async(c).await?
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-        };
-        let kinds = [limits[0], limits[1]];
-        let [first, second] = replies.as_slice() else {
-            return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected script reply")));
-        };
-        Ok(combine(reply(first, &kinds), reply(second, &[ip_limit])))
-    }
-
-    fn check_local(
-        &self,
-        keys: &[String; 2],
-        limits: &[(KeyKind, Limit); 2],
-        ip_key: &str,
-        ip_limit: (KeyKind, Limit),
-    ) -> Decision {
-        let tasks = self.settings.api_tasks;
-        let now = now_us();
-        let Ok(mut local) = self.local.lock() else { return Decision::Off };
-        local.checks_since_prune += 1;
-        if local.checks_since_prune > 10_000 {
-            local.tats.retain(|_, tat| *tat > now);
-            local.checks_since_prune = 0;
-        }
-        let group = |local: &mut LocalBuckets, entries: &[(&str, KeyKind, Limit)]| -> Decision {
-            let mut outcomes = Vec::with_capacity(entries.len());
-            for (key, kind, limit) in entries {
-                let limit = limit.divided(tasks);
-                match gcra::check(local.tats.get(*key).copied(), now, limit) {
-                    gcra::Outcome::Refused { retry_after_us } => {
-                        return Decision::Refused { kind: *kind, limit, retry_after_us };
-                    }
-                    gcra::Outcome::Admitted { tat, remaining, reset_us } => {
-                        outcomes.push((key, *kind, limit, tat, remaining, reset_us));
-                    }
-                }
-            }
-            let mut tightest: Option<Decision> = None;
-            for (key, kind, limit, tat, remaining, reset_us) in outcomes {
-                local.tats.insert((*key).to_owned(), tat);
-                let tighter = match tightest {
-                    Some(Decision::Admitted { remaining: r, .. }) => remaining < r,
-                    _ => true,
-                };
-                if tighter {
-                    tightest = Some(Decision::Admitted { kind, limit, remaining, reset_us });
-                }
-            }
-            tightest.unwrap_or(Decision::Off)
-        };
-        let first = group(&mut local, &[(&keys[0], limits[0].0, limits[0].1), (&keys[1], limits[1].0, limits[1].1)]);
-        let second = group(&mut local, &[(ip_key, ip_limit.0, ip_limit.1)]);
-        combine(first, second)
-    }
-
-    /// The published state.
-    #[must_use]
-    pub fn status(&self) -> ThrottleStatus {
-        let c = &self.counters;
-        ThrottleStatus {
-            state: if !self.settings.enabled {
-                "off"
-            } else if self.breaker.is_open() {
-                "degraded"
-            } else {
-                "ok"
-            },
-            limits: self.settings.limits,
-            tenant_overrides: self.overrides.read().map(|m| m.len()).unwrap_or(0),
-            api_tasks: self.settings.api_tasks,
-            redis_budget_ms: u64::try_from(self.settings.redis_budget.as_millis()).unwrap_or(u64::MAX),
-            checks: c.checks.load(Ordering::Relaxed),
-            fallback_checks: c.fallback_checks.load(Ordering::Relaxed),
-            redis_errors: c.redis_errors.load(Ordering::Relaxed),
-            breaker_opens: self.breaker.opens(),
-            refused: RefusedTotals {
-                tenant: c.refused_tenant.load(Ordering::Relaxed),
-                user: c.refused_user.load(Ordering::Relaxed),
-                ip: c.refused_ip.load(Ordering::Relaxed),
-            },
-            refused_ahead: c.refused_ahead.load(Ordering::Relaxed),
-        }
-    }
-
-    /// When the throttles last fell back, for tests: whether they are degraded now.
-    #[must_use]
-    pub fn is_degraded(&self) -> bool {
-        self.settings.enabled && self.breaker.is_open()
-    }
-}
-
-/// Reads one script reply: `{1, tightest, remaining, reset}` or `{0, refusing, retry_after, 0}`.
-fn reply(r: &[i64], kinds: &[(KeyKind, Limit)]) -> Decision {
-    let pick = |i: i64| kinds.get(usize::try_from(i - 1).unwrap_or(0)).copied().unwrap_or(kinds[0]);
-    match r {
-        [1, i, remaining, reset] => {
-            let (kind, limit) = pick(*i);
-            Decision::Admitted { kind, limit, remaining: u64::try_from(*remaining).unwrap_or(0), reset_us: *reset }
-        }
-        [0, i, retry, _] => {
-            let (kind, limit) = pick(*i);
-            Decision::Refused { kind, limit, retry_after_us: *retry }
-        }
-        _ => Decision::Off,
     }
 }
 
@@ -586,40 +325,4 @@ pub fn spawn_override_refresh(throttles: std::sync::Arc<Throttles>, pool: breakw
             tokio::time::sleep(every).await;
         }
     });
-}
-
-impl crate::figures::Publish for ThrottleStatus {
-    fn publish(&self, out: &mut crate::figures::Figures) {
-        use crate::figures::{Kind, Lines, NOT_ALARMED, Unit};
-        out.gauge(
-            "throttle_degraded",
-            "1 while throttles run in process (Redis unavailable)",
-            u64::from(self.state == "degraded"),
-        )
-        .emf("ThrottleDegraded", Unit::None, Lines::Task)
-        .no_ops("/v1/ops/status names the state (`ok`, `degraded` or `off`) in `state`: this is its `degraded`");
-        out.counter("throttle_checks", "Requests checked by the throttles", self.checks)
-            .no_emf(NOT_ALARMED)
-            .ops("checks");
-        out.counter("throttle_fallback_checks", "Requests checked in process", self.fallback_checks)
-            .no_emf(NOT_ALARMED)
-            .ops("fallback_checks");
-        out.counter("throttle_redis_errors", "Redis throttle calls failed or over budget", self.redis_errors)
-            .emf("ThrottleRedisErrors", Unit::Count, Lines::Task)
-            .ops("redis_errors");
-        let r = &self.refused;
-        out.figure(Kind::Counter, "throttle_refused", "Requests refused by throttle bucket kind")
-            .series(&[("kind", "tenant")], r.tenant)
-            .series(&[("kind", "user")], r.user)
-            .series(&[("kind", "ip")], r.ip)
-            .emf("ThrottleRefused", Unit::Count, Lines::Task)
-            .ops("refused/{kind}");
-        out.counter(
-            "throttle_refused_ahead",
-            "Of those, answered before admission: the bucket was still refusing from an earlier 429",
-            self.refused_ahead,
-        )
-        .no_emf("a part of ThrottleRefused, which counts them already")
-        .ops("refused_ahead");
-    }
 }

@@ -23,12 +23,13 @@
 //! - on shutdown, every connection is told to finish its in-flight request and close, and the
 //!   server waits for them up to the grace period.
 
+mod shed;
+mod timeouts;
+
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -37,16 +38,14 @@ use axum::http::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-use crate::admission::BYPASS;
-use crate::error::{ErrorCode, ErrorEnvelope};
 use crate::throttle::gcra::{self, Limit};
+use timeouts::{ConnTrack, InFlight, TrackedIo};
 
 /// Which of the process's connections a request came on (in its extensions): the refusal pacer
 /// tells callers apart by it, beside their identity.
@@ -348,27 +347,6 @@ fn http_builder(options: ServeOptions, keep_alive: bool) -> auto::Builder<TokioE
 /// layer runs (`RUST_LOG=info,breakwater_api::request_read=debug` turns it on).
 pub const REQUEST_READ: &str = "breakwater_api::request_read";
 
-/// How long a connection over the cap may take to show its request line before it is refused.
-const PEEK_WAIT: Duration = Duration::from_millis(100);
-/// How long a refused connection is kept open, discarding input, for its client to read the 503
-/// and close first (closing with unread input would reset the connection and could lose it).
-const REFUSAL_LINGER: Duration = Duration::from_millis(500);
-/// Most request bytes read and discarded before the 503 is written.
-const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
-
-/// The edge's answer past the connection cap: the API's envelope, written without hyper.
-static REFUSAL: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let body = ErrorEnvelope::new(ErrorCode::LoadShed, "connection limit reached".to_owned(), Some(1)).to_bytes();
-    let mut bytes = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    bytes.extend_from_slice(&body);
-    bytes
-});
-
 /// What the accept loop shares with its connection tasks.
 struct Edge<S> {
     app: S,
@@ -381,28 +359,6 @@ struct Edge<S> {
 }
 
 impl<S: HttpService> Edge<S> {
-    /// A connection past the cap: served if it asks for `/health`, answered the
-    /// canned 503 otherwise, reset at once if too many refusals are under way.
-    fn shed(edge: &Arc<Self>, stream: TcpStream, peer: SocketAddr) {
-        let Ok(slot) = edge.connections.refusing.clone().try_acquire_owned() else {
-            // RST on drop: no task, no buffers, no TIME_WAIT.
-            let _ = stream.set_zero_linger();
-            edge.connections.reset.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let task = edge.clone();
-        edge.tracker.spawn(async move {
-            if asks_for_bypass_path(&stream).await {
-                task.connections.served_over_cap.fetch_add(1, Ordering::Relaxed);
-                task.serve_connection(&task.single_request, stream, peer).await;
-            } else {
-                task.connections.refused.fetch_add(1, Ordering::Relaxed);
-                refuse(stream).await;
-            }
-            drop(slot);
-        });
-    }
-
     async fn serve_connection(&self, builder: &auto::Builder<TokioExecutor>, stream: TcpStream, peer: SocketAddr) {
         let header_read_timeout = self.options.header_read_timeout;
         let track = Arc::new(ConnTrack::new());
@@ -449,204 +405,6 @@ impl<S: HttpService> Edge<S> {
                 }
             }
         }
-    }
-}
-
-/// Whether the connection's first request line is a GET of a path admission never sheds.
-async fn asks_for_bypass_path(stream: &TcpStream) -> bool {
-    let mut head = [0u8; 32];
-    let Ok(Ok(n)) = tokio::time::timeout(PEEK_WAIT, stream.peek(&mut head)).await else {
-        return false;
-    };
-    let Some(target) = head[..n].strip_prefix(b"GET ") else {
-        return false;
-    };
-    BYPASS
-        .iter()
-        .any(|path| target.strip_prefix(path.as_bytes()).is_some_and(|rest| matches!(rest.first(), Some(b' ' | b'?'))))
-}
-
-async fn refuse(mut stream: TcpStream) {
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    while drained < REFUSAL_DRAIN_BYTES {
-        match stream.try_read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => drained += n,
-        }
-    }
-    if tokio::time::timeout(REFUSAL_LINGER, stream.write_all(&REFUSAL)).await.is_err() {
-        let _ = stream.set_zero_linger();
-        return;
-    }
-    let _ = stream.shutdown().await;
-    let _ =
-        tokio::time::timeout(REFUSAL_LINGER, async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} })
-            .await;
-}
-
-/// Per-connection bookkeeping for the header-read timeout.
-///
-/// hyper's own `header_read_timeout` also runs while a keep-alive connection sits idle between
-/// requests, so it is set to the (long) keep-alive timeout and acts as the idle timeout; the
-/// (short) header-read timeout is enforced here, from the first byte of a request head until
-/// the request reaches the service.
-#[derive(Debug)]
-struct ConnTrack {
-    epoch: Instant,
-    /// Milliseconds since `epoch` (plus one) when the current request head began; 0 when none.
-    head_started: AtomicU64,
-    in_flight: AtomicUsize,
-    head_began: tokio::sync::Notify,
-    /// Milliseconds since `epoch` (plus one) since when a write has made no progress (the client
-    /// stopped reading and the socket's buffers are full); 0 while writes progress.
-    write_stalled: AtomicU64,
-    write_began_stalling: tokio::sync::Notify,
-}
-
-impl ConnTrack {
-    fn new() -> Self {
-        Self {
-            epoch: Instant::now(),
-            head_started: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-            head_began: tokio::sync::Notify::new(),
-            write_stalled: AtomicU64::new(0),
-            write_began_stalling: tokio::sync::Notify::new(),
-        }
-    }
-
-    fn since_epoch_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
-    }
-
-    /// After each write: a write that could not proceed starts (or continues) a stall; one that
-    /// wrote anything ends it.
-    fn on_write<T>(&self, result: &Poll<io::Result<T>>, progressed: impl FnOnce(&T) -> bool) {
-        match result {
-            Poll::Pending => {
-                if self.write_stalled.load(Ordering::Relaxed) == 0 {
-                    self.write_stalled.store(self.since_epoch_ms(), Ordering::Relaxed);
-                    self.write_began_stalling.notify_one();
-                }
-            }
-            Poll::Ready(Ok(n)) if progressed(n) => self.write_stalled.store(0, Ordering::Relaxed),
-            Poll::Ready(_) => {}
-        }
-    }
-
-    /// Resolves when a response has been stuck, not one byte written, for longer than `timeout`.
-    async fn write_overdue(&self, timeout: Duration) {
-        self.overdue(&self.write_stalled, &self.write_began_stalling, timeout).await;
-    }
-
-    fn on_bytes_read(&self) {
-        if self.in_flight.load(Ordering::Relaxed) == 0 && self.head_started.load(Ordering::Relaxed) == 0 {
-            self.head_started.store(self.since_epoch_ms(), Ordering::Relaxed);
-            self.head_began.notify_one();
-        }
-    }
-
-    /// Resolves when a request head has been arriving for longer than `timeout`.
-    async fn head_overdue(&self, timeout: Duration) {
-        self.overdue(&self.head_started, &self.head_began, timeout).await;
-    }
-
-    /// Resolves when the moment in `since` (milliseconds since `epoch`, plus one; 0: none, and
-    /// `began` is notified when one is set) is more than `timeout` old and still the same.
-    async fn overdue(&self, since: &AtomicU64, began: &tokio::sync::Notify, timeout: Duration) {
-        loop {
-            let started = since.load(Ordering::Relaxed);
-            if started == 0 {
-                began.notified().await;
-                continue;
-            }
-            let deadline = self.epoch + Duration::from_millis(started - 1) + timeout;
-            tokio::time::sleep_until(deadline.into()).await;
-            if since.load(Ordering::Relaxed) == started {
-                return;
-            }
-        }
-    }
-}
-
-/// Marks a request as in flight on its connection from the moment its head is parsed until the
-/// request (and so its response) is dropped.
-#[derive(Debug, Clone)]
-struct InFlight {
-    _guard: Arc<InFlightGuard>,
-}
-
-#[derive(Debug)]
-struct InFlightGuard(Arc<ConnTrack>);
-
-impl InFlight {
-    fn start(track: &Arc<ConnTrack>) -> Self {
-        track.in_flight.fetch_add(1, Ordering::Relaxed);
-        track.head_started.store(0, Ordering::Relaxed);
-        Self { _guard: Arc::new(InFlightGuard(track.clone())) }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A stream that tells its [`ConnTrack`] when request bytes arrive.
-    struct TrackedIo<T> {
-        #[pin]
-        inner: T,
-        track: Arc<ConnTrack>,
-    }
-}
-
-impl<T: AsyncRead> AsyncRead for TrackedIo<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let result = this.inner.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.track.on_bytes_read();
-        }
-        result
-    }
-}
-
-impl<T: AsyncWrite> AsyncWrite for TrackedIo<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write(cx, buf);
-        this.track.on_write(&result, |n| *n > 0);
-        result
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write_vectored(cx, bufs);
-        this.track.on_write(&result, |n| *n > 0);
-        result
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.project();
-        let result = this.inner.poll_flush(cx);
-        this.track.on_write(&result, |()| true);
-        result
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
     }
 }
 
