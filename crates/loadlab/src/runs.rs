@@ -137,11 +137,44 @@ fn finish(mut report: Report, engine: &Engine, steps: Vec<StepReport>, analysis:
     report
 }
 
-/// Runs an open-loop ramp and reads its curve. Prints each step as it ends when `progress`.
-pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
+/// Told of each step as it ends (the CLI prints it).
+pub type Progress<'a> = Option<&'a (dyn Fn(&StepReport) + Sync)>;
+
+/// A run's engine, started now, with its server sampler.
+fn start_engine(engine: EngineConfig, sampling: &Sampling, tokens: Tokens) -> Engine {
     let start = Instant::now();
-    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
-    let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
+    let sampler = Sampler::start(sampling.ops_url.clone(), sampling.pid, sampling.interval, start);
+    Engine::new(engine, tokens, sampler, start)
+}
+
+/// A step per item, one after the other with `pause` between them, each told to `progress` as
+/// it ends.
+async fn in_turn<'i, T, F>(
+    items: &'i [T],
+    pause: Duration,
+    progress: Progress<'_>,
+    mut step: impl FnMut(usize, &'i T) -> F,
+) -> Vec<StepReport>
+where
+    F: Future<Output = StepReport>,
+{
+    let mut steps = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 && !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let s = step(i, item).await;
+        if let Some(p) = progress {
+            p(&s);
+        }
+        steps.push(s);
+    }
+    steps
+}
+
+/// Runs an open-loop ramp and reads its curve. Prints each step as it ends when `progress`.
+pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Progress<'_>) -> Report {
+    let engine = start_engine(cfg.engine.clone(), &cfg.sampling, tokens);
     let report = new_report(
         RunKind::Ramp,
         "ramp",
@@ -150,26 +183,16 @@ pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Option<&(dyn Fn(&S
         &cfg.engine,
     );
     let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
-    let mut steps = Vec::new();
-    for (i, rate) in cfg.rates.iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(cfg.pause).await;
-        }
-        let s =
-            engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.step, vec![(*rate, Arc::clone(&workload))]).await;
-        if let Some(p) = progress {
-            p(&s);
-        }
-        steps.push(s);
-    }
+    let steps = in_turn(&cfg.rates, cfg.pause, progress, |i, rate| {
+        engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.step, vec![(*rate, Arc::clone(&workload))])
+    })
+    .await;
     finish(report, &engine, steps, Some(&cfg.analysis))
 }
 
 /// Runs a closed-loop sweep: throughput, p50 and p99 per caller count.
-pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Option<&(dyn Fn(&StepReport) + Sync)>) -> Report {
-    let start = Instant::now();
-    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
-    let engine = Engine::new(cfg.engine.clone(), tokens, sampler, start);
+pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Progress<'_>) -> Report {
+    let engine = start_engine(cfg.engine.clone(), &cfg.sampling, tokens);
     let report = new_report(
         RunKind::Sweep,
         "sweep",
@@ -178,17 +201,10 @@ pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Option<&(dyn Fn(
         &cfg.engine,
     );
     let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
-    let mut steps = Vec::new();
-    for (i, c) in cfg.concurrency.iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(cfg.pause).await;
-        }
-        let s = engine.closed_step(i, format!("{c} callers"), *c, cfg.step, Arc::clone(&workload)).await;
-        if let Some(p) = progress {
-            p(&s);
-        }
-        steps.push(s);
-    }
+    let steps = in_turn(&cfg.concurrency, cfg.pause, progress, |i, c| {
+        engine.closed_step(i, format!("{c} callers"), *c, cfg.step, Arc::clone(&workload))
+    })
+    .await;
     finish(report, &engine, steps, None)
 }
 
@@ -203,11 +219,7 @@ pub async fn smoke_only(
 }
 
 /// Runs a profile: the smoke stage, then each stage of agent journeys and readers, open loop.
-pub async fn profile(
-    cfg: &ProfileConfig,
-    tokens: Tokens,
-    progress: Option<&(dyn Fn(&StepReport) + Sync)>,
-) -> Result<Report, RunError> {
+pub async fn profile(cfg: &ProfileConfig, tokens: Tokens, progress: Progress<'_>) -> Result<Report, RunError> {
     let resolved: ResolvedProfile =
         cfg.profiles.resolve(&cfg.profile, cfg.capacity_rps, cfg.time_scale).map_err(RunError::Config)?;
     let smoke_report = if cfg.smoke {
@@ -220,11 +232,9 @@ pub async fn profile(
         None
     };
 
-    let start = Instant::now();
-    let sampler = Sampler::start(cfg.sampling.ops_url.clone(), cfg.sampling.pid, cfg.sampling.interval, start);
     let mut engine_cfg = cfg.engine.clone();
     engine_cfg.arrivals = resolved.arrivals;
-    let engine = Engine::new(engine_cfg.clone(), tokens, sampler, start);
+    let engine = start_engine(engine_cfg.clone(), &cfg.sampling, tokens);
     let mut config = serde_json::to_value(cfg).unwrap_or_default();
     if let Some(o) = config.as_object_mut() {
         o.insert(
@@ -247,19 +257,12 @@ pub async fn profile(
 
     let readers: Arc<dyn Workload> = Arc::new(Readers { base: cfg.base.clone() });
     let agents: Arc<dyn Workload> = Arc::new(AgentJourney { base: cfg.base.clone(), think: resolved.think_time });
-    let mut steps = Vec::new();
-    for (i, st) in resolved.stages.iter().enumerate() {
-        if i > 0 && !resolved.pause.is_zero() {
-            tokio::time::sleep(resolved.pause).await;
-        }
+    let steps = in_turn(&resolved.stages, resolved.pause, progress, |i, st| {
         let reader_rate = st.rps * resolved.reader_share;
         let journey_rate = st.rps * (1.0 - resolved.reader_share) / AGENT_STEPS as f64;
         let streams = vec![(reader_rate, Arc::clone(&readers)), (journey_rate, Arc::clone(&agents))];
-        let s = engine.open_step(i, st.label.clone(), st.rps, st.duration, streams).await;
-        if let Some(p) = progress {
-            p(&s);
-        }
-        steps.push(s);
-    }
+        engine.open_step(i, st.label.clone(), st.rps, st.duration, streams)
+    })
+    .await;
     Ok(finish(report, &engine, steps, Some(&cfg.analysis)))
 }
