@@ -186,6 +186,23 @@ impl Http {
     }
 }
 
+/// The kind [`Http::send`] reports, for a failure of another client (reqwest's, say) whose
+/// error's chain holds hyper's error or the OS's: `reset`, `connect`, `timeout`, `bad_response`
+/// or `io`. A client's own timer is in no such chain: the caller knows it as `timeout`.
+pub fn transport_kind(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut src = Some(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            return kind_of_hyper_error(h);
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return kind_of_io(io);
+        }
+        src = s.source();
+    }
+    "io".to_owned()
+}
+
 fn kind_of_hyper_error(e: &hyper::Error) -> String {
     if e.is_incomplete_message() || e.is_canceled() {
         return "reset".to_owned();
@@ -212,4 +229,34 @@ fn kind_of_io(e: &std::io::Error) -> String {
         _ => "io",
     }
     .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error of another client that wraps the OS's, as reqwest's connect errors do.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn another_clients_failure_gets_the_kind_send_reports() {
+        use std::io::{Error, ErrorKind};
+        assert_eq!(transport_kind(&Wrapped(Error::from(ErrorKind::ConnectionRefused))), "connect");
+        assert_eq!(transport_kind(&Wrapped(Error::from(ErrorKind::ConnectionReset))), "reset");
+        assert_eq!(transport_kind(&Error::from(ErrorKind::TimedOut)), "timeout");
+        assert_eq!(transport_kind(&std::fmt::Error), "io");
+    }
 }

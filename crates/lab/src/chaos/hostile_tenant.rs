@@ -13,7 +13,13 @@
 //! release build; the debug build is only held to a second), no database slot is ever held by a
 //! stalled body (the bulkhead, sampled from the ops listener, never fills), every stalled request
 //! is answered 408 `body_timeout` at the body-read timeout, and no forged token or ops path is
-//! served (401 and 404, or a 503 when admission refuses them like any other request).
+//! served (401 and 404, or a 503 refusal when admission refuses them like any other request).
+//!
+//! The other tenants' requests, the forged tokens' and the ops paths' are classified as the
+//! suite's load is (`load::Outcome`, the load lab's classifier): the other tenants' share served
+//! is the lab's ok share, and the 503 a forged token or an ops path may get must be a refusal,
+//! with the typed envelope. The stalled bodies and the slow readers speak HTTP over raw sockets
+//! and are judged by their status line.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +29,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::load::{Sample, capacity, client, describe, ms, open_loop, percentile, share, tally};
+use super::load::{Outcome, Sample, capacity, client, describe, ms, open_loop, percentile, share, tally};
 use super::testbed::{Api, Testbed, can_pin, find_api_pid, free_port, report_panics, stop_api, wait_healthy};
 use super::verdict::Report;
 
@@ -94,9 +100,14 @@ async fn slow_reader(port: u16, token: String, stop: Arc<AtomicBool>) -> Vec<u16
     statuses
 }
 
-/// Requests with one header set, at `rate` per second until `stop`; the statuses they got.
-async fn burst(urls: Vec<String>, auth: Option<String>, rate: f64, stop: Arc<AtomicBool>) -> Vec<u16> {
-    let Ok(http) = client() else { return Vec::new() };
+/// Requests with one header set, at `rate` per second until `stop`; what they got.
+async fn burst(
+    urls: Vec<String>,
+    auth: Option<String>,
+    rate: f64,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<Outcome>> {
+    let http = client()?;
     let mut tasks = Vec::new();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let mut i = 0usize;
@@ -105,15 +116,15 @@ async fn burst(urls: Vec<String>, auth: Option<String>, rate: f64, stop: Arc<Ato
         if let Some(a) = &auth {
             req = req.bearer_auth(a);
         }
-        tasks.push(tokio::spawn(async move { req.send().await.map_or(0, |r| r.status().as_u16()) }));
+        tasks.push(tokio::spawn(async move { Outcome::read(req.send().await, false).await }));
         i += 1;
         tokio::time::sleep(interval).await;
     }
     let mut out = Vec::new();
     for t in tasks {
-        out.push(t.await.unwrap_or(0));
+        out.push(t.await?);
     }
-    out
+    Ok(out)
 }
 
 /// The highest bulkhead use and admission in-flight seen on the ops listener, every 100 ms.
@@ -197,8 +208,8 @@ async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut
     for r in readers {
         read.extend(r.await?);
     }
-    let forged = forgers.await?;
-    let probes = ops_probes.await?;
+    let forged = forgers.await??;
+    let probes = ops_probes.await??;
     let (in_use, waiting, polls) = watcher.await?;
 
     other_tenants(&samples, rate, release, report);
@@ -224,28 +235,29 @@ async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut
             && stalls.other.is_empty()
             && stalls.longest <= BODY_READ_TIMEOUT + Duration::from_secs(2),
     );
-    // A forged token or an ops path may also be refused (503) under load, like any request; what
-    // must never happen is a 2xx, or anything but the refusal or the 401/404.
-    let by_status = |statuses: &[u16]| {
-        let mut m = std::collections::BTreeMap::<u16, usize>::new();
-        for s in statuses {
-            *m.entry(*s).or_default() += 1;
-        }
-        m
-    };
+    let mut slow_pages = std::collections::BTreeMap::<u16, usize>::new();
+    for s in &read {
+        *slow_pages.entry(*s).or_default() += 1;
+    }
     report.note(format!(
-        "{S}: slow readers asked {} pages of 100 and read each after a 2 s stall; statuses {:?}",
-        read.len(),
-        by_status(&read)
+        "{S}: slow readers asked {} pages of 100 and read each after a 2 s stall; statuses {slow_pages:?}",
+        read.len()
     ));
-    let mut refused_or = |what: &str, statuses: &[u16], answer: u16| {
-        let by = by_status(statuses);
+    // A forged token or an ops path may also be refused (a typed 503) under load, like any
+    // request; what must never happen is a 2xx, or anything but the refusal or the 401/404.
+    let mut refused_or = |what: &str, outcomes: &[Outcome], answer: u16| {
+        let mut by = std::collections::BTreeMap::<String, usize>::new();
+        for o in outcomes {
+            *by.entry(o.label()).or_default() += 1;
+        }
+        let answered = |o: &Outcome| matches!(o, Outcome::Answered { status, .. } if *status == answer);
+        let refused = |o: &Outcome| o.refusal().is_some_and(|(status, _)| status == 503);
         report.check(
             S,
             what,
             &format!("every one {answer}, or a 503 refusal; none served"),
-            format!("{} requests by status: {by:?}", statuses.len()),
-            !statuses.is_empty() && by.keys().all(|s| *s == answer || *s == 503) && by.contains_key(&answer),
+            format!("{} requests by status: {by:?}", outcomes.len()),
+            outcomes.iter().all(|o| answered(o) || refused(o)) && outcomes.iter().any(answered),
         );
     };
     refused_or("forged tokens claiming the victim's tenant are refused", &forged, 401);
@@ -319,7 +331,7 @@ fn other_tenants(samples: &[Sample], rate: f64, release: bool, report: &mut Repo
         format!("{:.2}% ({} of {})", ok_share * 100.0, all.ok, samples.len()),
         ok_share >= 0.995,
     );
-    let p99 = percentile(samples.iter().filter(|s| s.is_2xx()).map(|s| s.took).collect(), 99);
+    let p99 = percentile(samples.iter().filter(|s| s.outcome.is_ok()).map(|s| s.took).collect(), 99);
     let bound = if release { Duration::from_millis(200) } else { Duration::from_secs(1) };
     report.check(
         S,

@@ -1,10 +1,28 @@
 //! The suite's load: an open loop of the request mix (even requests post a message, odd ones read
-//! an inbox page), each request's outcome, and their tally. Refusals (a refused connection, a
-//! typed 503, 429) are counted apart from errors.
+//! an inbox page), each request's outcome, and their tally.
+//!
+//! A response is classified as the load lab classifies it
+//! ([`breakwater_loadlab::classify::classify`]), so that the suite's figures and the lab's mean
+//! the same: a 2xx is ok (unless its JSON body does not parse); a 429, or a 503 with the typed
+//! envelope, is a refusal, counted by its `code`; anything else is an error, by kind
+//! (`status_N`, `status_503_untyped`, `unparseable_body`). A request that gets no complete
+//! response is an error of the kind the lab's client names it (`connect`, `timeout`, `reset`,
+//! `io`, `bad_response`): a refused connection is an error, as in the lab, and `sigterm`, which
+//! expects some while its port changes hands, reports them apart. The groupings the verdicts
+//! read (the database's 503s, admission's, the throttles' 429s, server errors) are views of the
+//! one classification ([`Tally`]).
+//!
+//! The loop is the suite's own, not the lab's engine: the verdicts read every request (its
+//! number, when it was sent, how long it took, the message a 201 created: no message lost across
+//! a fault, what happened while it lasted), and the engine returns a step's aggregates; nor can
+//! its requests carry a header of the caller's own, such as the `x-request-id` the `sigterm`
+//! accounting finds in the API's log. Moving the loop onto the engine is a larger change.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use breakwater_loadlab::classify::{Outcome as Class, classify};
+use breakwater_loadlab::client::transport_kind;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -18,15 +36,79 @@ pub(super) fn client() -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
+/// The lab's error kind for a connection the server refused: nothing was sent.
+pub(super) const REFUSED_AT_CONNECT: &str = "connect";
+
 /// What one request got.
 #[derive(Debug, Clone)]
 pub(super) enum Outcome {
-    /// A complete response.
-    Status { status: u16, code: Option<String>, created: Option<Uuid> },
-    /// The connection was refused (a refusal: nothing was accepted).
-    Refused,
-    /// Anything else: a reset, a truncated body, a timeout.
-    Failed(String),
+    /// A complete response: its status, the lab's classification of it (ok, refused by code, or
+    /// an error by kind), and the id of the message a 201 created.
+    Answered { status: u16, class: Class, created: Option<Uuid> },
+    /// No complete response (a refused connection, a reset, a truncated body, a timeout): what the
+    /// lab counts as an error of `kind`, and what the client said.
+    Unanswered { kind: String, detail: String },
+}
+
+impl Outcome {
+    /// Reads the response to a request whole and classifies it. `expect_json`: a 2xx must carry
+    /// a JSON body.
+    pub(super) async fn read(sent: reqwest::Result<reqwest::Response>, expect_json: bool) -> Self {
+        let res = match sent {
+            Ok(res) => res,
+            Err(e) => return Self::unanswered(&e, format!("{e:?}")),
+        };
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        match res.bytes().await {
+            Ok(body) => {
+                let created = if status == 201 {
+                    serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["id"].as_str()?.parse().ok())
+                } else {
+                    None
+                };
+                Self::Answered { status, class: classify(status, &headers, &body, expect_json), created }
+            }
+            Err(e) => Self::unanswered(&e, format!("body: {e:?}")),
+        }
+    }
+
+    fn unanswered(e: &reqwest::Error, detail: String) -> Self {
+        // reqwest's own timers (the request's, the connect's) are not hyper's or the OS's errors,
+        // which the lab's names are read from.
+        let kind = if e.is_timeout() { "timeout".to_owned() } else { transport_kind(e) };
+        Self::Unanswered { kind, detail }
+    }
+
+    pub(super) fn is_ok(&self) -> bool {
+        matches!(self, Self::Answered { class: Class::Ok, .. })
+    }
+
+    /// A refusal's status (429 or 503) and code.
+    pub(super) fn refusal(&self) -> Option<(u16, &str)> {
+        match self {
+            Self::Answered { status, class: Class::Refused { code, .. }, .. } => Some((*status, code.as_str())),
+            _ => None,
+        }
+    }
+
+    /// Whether it is a 503 refusal with one of `codes` (see [`TYPED_503`], [`SHED_503`]).
+    pub(super) fn refused_503(&self, codes: &[&str]) -> bool {
+        self.refusal().is_some_and(|(status, code)| status == 503 && codes.contains(&code))
+    }
+
+    /// How a report names it: the status (with a refusal's code), or the error's kind where the
+    /// status alone does not say it: `401`, `503 load_shed`, `status_503_untyped`, `timeout`.
+    pub(super) fn label(&self) -> String {
+        match self {
+            Self::Answered { status, class: Class::Refused { code, .. }, .. } => format!("{status} {code}"),
+            Self::Answered { status, class: Class::Error { kind }, .. } if *kind != format!("status_{status}") => {
+                kind.clone()
+            }
+            Self::Answered { status, .. } => status.to_string(),
+            Self::Unanswered { kind, .. } => kind.clone(),
+        }
+    }
 }
 
 /// The `x-request-id` of request `i` of a run; a posted message's body is the same text, so a
@@ -61,29 +143,9 @@ pub(super) async fn send(
         client.get(format!("{base}/v1/conversations?limit=10")).bearer_auth(&t.token)
     };
     let req = req.header("x-request-id", &id);
-    let outcome = match req.send().await {
-        Err(e) if e.is_connect() => Outcome::Refused,
-        Err(e) => Outcome::Failed(format!("{e:?}")),
-        Ok(res) => {
-            let status = res.status().as_u16();
-            match res.text().await {
-                Err(e) => Outcome::Failed(format!("body: {e:?}")),
-                Ok(text) => {
-                    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    let code = body["error"]["code"].as_str().map(str::to_owned);
-                    let created = if status == 201 { body["id"].as_str().and_then(|s| s.parse().ok()) } else { None };
-                    Outcome::Status { status, code, created }
-                }
-            }
-        }
-    };
+    // Both routes answer JSON: a 2xx whose body does not parse is an error.
+    let outcome = Outcome::read(req.send().await, true).await;
     (started.elapsed(), outcome)
-}
-
-impl Sample {
-    pub(super) fn is_2xx(&self) -> bool {
-        matches!(self.outcome, Outcome::Status { status: 200..=299, .. })
-    }
 }
 
 /// A request of an open-loop run: when it was sent (since the run began), how long it took,
@@ -141,25 +203,90 @@ pub(super) const TYPED_503: &[&str] = &["db_unavailable", "db_saturated", "reque
 /// 503s of admission control: refusals under overload, by design.
 pub(super) const SHED_503: &[&str] = &["load_shed", "queue_timeout"];
 
-/// Counts of a run's outcomes.
+/// A run's outcomes counted as the lab counts them (ok; refusals by code; errors by kind), with
+/// the groupings the verdicts read as views of those counts.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     pub(super) ok: usize,
-    pub(super) typed_503: usize,
-    pub(super) shed: usize,
-    pub(super) throttled: usize,
-    other_4xx: usize,
-    pub(super) server_errors: usize,
-    pub(super) refused: usize,
-    pub(super) failed: usize,
-    pub(super) first_failure: Option<String>,
-    pub(super) codes: BTreeMap<String, usize>,
+    /// Refusals by status (429 or 503) and code.
+    refused: BTreeMap<(u16, String), usize>,
+    /// Errors with a complete response, by status and kind.
+    errors: BTreeMap<(u16, String), usize>,
+    /// Requests without a complete response, by kind.
+    unanswered: BTreeMap<String, usize>,
+    /// What the client said of the first request without a complete response.
+    first_failure: Option<String>,
 }
 
 impl Tally {
-    /// Deliberate refusals: typed 503s (database, deadline), admission's 503s and 429s.
+    /// Every refusal, whatever its code (the lab's refused count).
     pub(super) fn refusals(&self) -> usize {
-        self.typed_503 + self.shed + self.throttled
+        self.refused.values().sum()
+    }
+
+    fn refused_503(&self, codes: &[&str]) -> usize {
+        self.refused
+            .iter()
+            .filter(|((status, code), _)| *status == 503 && codes.contains(&code.as_str()))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// 503s of the database or the handler's deadline ([`TYPED_503`]).
+    pub(super) fn typed_503(&self) -> usize {
+        self.refused_503(TYPED_503)
+    }
+
+    /// Admission's 503s ([`SHED_503`]).
+    pub(super) fn shed(&self) -> usize {
+        self.refused_503(SHED_503)
+    }
+
+    /// 429s, the throttles', whatever their code.
+    pub(super) fn throttled(&self) -> usize {
+        self.refused.iter().filter(|((status, _), _)| *status == 429).map(|(_, n)| n).sum()
+    }
+
+    /// 503 refusals with a code in neither [`TYPED_503`] nor [`SHED_503`]: none the load mix has
+    /// a reason to get (`streams_full` is the streams'), so the verdicts hold them against the
+    /// server as they hold a 5xx.
+    pub(super) fn other_503(&self) -> usize {
+        self.refusals() - self.typed_503() - self.shed() - self.throttled()
+    }
+
+    /// Errors the server answered, other than a 4xx: a 5xx (an untyped 503 included), or a 2xx
+    /// whose body does not parse.
+    pub(super) fn server_errors(&self) -> usize {
+        self.errors.iter().filter(|((status, _), _)| !(400..500).contains(status)).map(|(_, n)| n).sum()
+    }
+
+    fn other_4xx(&self) -> usize {
+        self.errors.values().sum::<usize>() - self.server_errors()
+    }
+
+    /// Requests without a complete response, refused connections included.
+    pub(super) fn failed(&self) -> usize {
+        self.unanswered.values().sum()
+    }
+
+    /// Requests without a complete response of one kind (see [`REFUSED_AT_CONNECT`]).
+    pub(super) fn failed_with(&self, kind: &str) -> usize {
+        self.unanswered.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Whatever was not ok, by refusal (`503 load_shed`) or error kind (`status_500`, `reset`).
+    pub(super) fn not_ok(&self) -> BTreeMap<String, usize> {
+        let mut by = BTreeMap::new();
+        for ((status, code), n) in &self.refused {
+            *by.entry(format!("{status} {code}")).or_default() += n;
+        }
+        for ((_, kind), n) in &self.errors {
+            *by.entry(kind.clone()).or_default() += n;
+        }
+        for (kind, n) in &self.unanswered {
+            *by.entry(kind.clone()).or_default() += n;
+        }
+        by
     }
 }
 
@@ -167,23 +294,16 @@ pub(super) fn tally<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> Tally 
     let mut t = Tally::default();
     for s in samples {
         match &s.outcome {
-            Outcome::Status { status, code, .. } => {
-                if let Some(c) = code {
-                    *t.codes.entry(format!("{status} {c}")).or_default() += 1;
-                }
-                match *status {
-                    200..=299 => t.ok += 1,
-                    429 => t.throttled += 1,
-                    503 if code.as_deref().is_some_and(|c| TYPED_503.contains(&c)) => t.typed_503 += 1,
-                    503 if code.as_deref().is_some_and(|c| SHED_503.contains(&c)) => t.shed += 1,
-                    400..=499 => t.other_4xx += 1,
-                    _ => t.server_errors += 1,
-                }
+            Outcome::Answered { class: Class::Ok, .. } => t.ok += 1,
+            Outcome::Answered { status, class: Class::Refused { code, .. }, .. } => {
+                *t.refused.entry((*status, code.clone())).or_default() += 1;
             }
-            Outcome::Refused => t.refused += 1,
-            Outcome::Failed(e) => {
-                t.failed += 1;
-                t.first_failure.get_or_insert_with(|| e.clone());
+            Outcome::Answered { status, class: Class::Error { kind }, .. } => {
+                *t.errors.entry((*status, kind.clone())).or_default() += 1;
+            }
+            Outcome::Unanswered { kind, detail } => {
+                *t.unanswered.entry(kind.clone()).or_default() += 1;
+                t.first_failure.get_or_insert_with(|| detail.clone());
             }
         }
     }
@@ -192,12 +312,20 @@ pub(super) fn tally<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> Tally 
 
 pub(super) fn describe(t: &Tally) -> String {
     let mut s = format!(
-        "{} ok, {} typed 503 (database/deadline), {} shed 503 (admission), {} 429, {} other 4xx, {} other 5xx, \
-         {} refused, {} failed",
-        t.ok, t.typed_503, t.shed, t.throttled, t.other_4xx, t.server_errors, t.refused, t.failed
+        "{} ok, {} typed 503 (database/deadline), {} shed 503 (admission), {} 429, {} other 503, {} other 4xx, \
+         {} server errors, {} without a complete response",
+        t.ok,
+        t.typed_503(),
+        t.shed(),
+        t.throttled(),
+        t.other_503(),
+        t.other_4xx(),
+        t.server_errors(),
+        t.failed()
     );
-    if !t.codes.is_empty() {
-        s.push_str(&format!(" (codes: {:?})", t.codes));
+    let not_ok = t.not_ok();
+    if !not_ok.is_empty() {
+        s.push_str(&format!(" (by code and kind: {not_ok:?})"));
     }
     if let Some(f) = &t.first_failure {
         s.push_str(&format!("; first failure: {}", f.chars().take(200).collect::<String>()));
@@ -234,9 +362,7 @@ pub(super) async fn capacity(base: &str, tenants: &[TenantData]) -> anyhow::Resu
             let mut ok = 0u64;
             let mut i = w;
             while Instant::now() < until {
-                if let Outcome::Status { status, .. } = send(&client, &base, &tenants, "capacity", i).await.1
-                    && (200..300).contains(&status)
-                {
+                if send(&client, &base, &tenants, "capacity", i).await.1.is_ok() {
                     ok += 1;
                 }
                 i += 16;
@@ -249,4 +375,69 @@ pub(super) async fn capacity(base: &str, tenants: &[TenantData]) -> anyhow::Resu
         total += t.await?;
     }
     Ok(f64::from(u32::try_from(total).unwrap_or(u32::MAX)) / 3.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(outcome: Outcome) -> Sample {
+        Sample { i: 0, at: Duration::ZERO, took: Duration::ZERO, outcome }
+    }
+
+    fn answered(status: u16, body: &str) -> Sample {
+        let class = classify(status, &reqwest::header::HeaderMap::new(), body.as_bytes(), true);
+        sample(Outcome::Answered { status, class, created: None })
+    }
+
+    fn refused(status: u16, code: &str) -> Sample {
+        answered(status, &format!(r#"{{"error":{{"type":"service_unavailable","code":"{code}"}}}}"#))
+    }
+
+    fn unanswered(kind: &str) -> Sample {
+        sample(Outcome::Unanswered { kind: kind.to_owned(), detail: format!("{kind} (detail)") })
+    }
+
+    #[test]
+    fn the_verdicts_groups_are_views_of_the_labs_classification() {
+        let samples = [
+            answered(201, r#"{"id":"0190d4a4-5b6c-7d8e-9f00-112233445566"}"#),
+            answered(200, r#"{"items":["#),
+            refused(503, "db_unavailable"),
+            refused(503, "queue_timeout"),
+            refused(429, "rate_limited"),
+            answered(429, ""),
+            refused(503, "streams_full"),
+            answered(503, "<html>"),
+            answered(500, ""),
+            answered(404, r#"{"error":{"type":"not_found","code":"not_found"}}"#),
+            unanswered(REFUSED_AT_CONNECT),
+            unanswered("reset"),
+        ];
+        let t = tally(&samples);
+        assert_eq!(t.ok, 1);
+        assert_eq!((t.refusals(), t.typed_503(), t.shed(), t.throttled(), t.other_503()), (5, 1, 1, 2, 1));
+        // The unparseable 2xx, the untyped 503 and the 500; the 404 apart.
+        assert_eq!((t.server_errors(), t.other_4xx()), (3, 1));
+        assert_eq!((t.failed(), t.failed_with(REFUSED_AT_CONNECT)), (2, 1));
+        assert_eq!(t.not_ok().get("429 rate_limited"), Some(&2));
+        assert_eq!(t.first_failure.as_deref(), Some("connect (detail)"));
+    }
+
+    #[test]
+    fn a_503_refusal_is_matched_by_its_code() {
+        assert!(refused(503, "db_saturated").outcome.refused_503(TYPED_503));
+        assert!(!refused(503, "db_saturated").outcome.refused_503(SHED_503));
+        assert!(!refused(429, "rate_limited").outcome.refused_503(&["rate_limited"]));
+        assert!(!answered(503, "<html>").outcome.refused_503(TYPED_503));
+    }
+
+    #[test]
+    fn an_outcome_is_named_by_its_status_its_code_or_its_kind() {
+        assert_eq!(refused(503, "load_shed").outcome.label(), "503 load_shed");
+        assert_eq!(answered(401, "").outcome.label(), "401");
+        assert_eq!(answered(503, "<html>").outcome.label(), "status_503_untyped");
+        assert_eq!(answered(200, "{").outcome.label(), "unparseable_body");
+        assert_eq!(unanswered("timeout").outcome.label(), "timeout");
+    }
 }

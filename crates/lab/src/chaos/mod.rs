@@ -13,7 +13,11 @@
 //! - `hostile`: slowloris, idle keep-alives, oversized headers and bodies, a connection flood;
 //! - `fuzz`: schemathesis against `/openapi.json` with two tenants' tokens.
 //!
-//! Refusals (a refused connection, 503 `load_shed`, 429) are counted as refusals, not errors.
+//! Every response is classified as the load lab classifies it (`load.rs`, through
+//! `breakwater_loadlab::classify`), so the two report the same ok, refused and error: a 429, or a
+//! 503 with the typed envelope (`load_shed`, `db_unavailable`, ...), is a refusal, counted by its
+//! code and never an error. A refused connection is an error of kind `connect`, as in the lab;
+//! only `sigterm` expects some (while its port changes hands), and it reports them apart.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,10 +44,11 @@ mod verdict;
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     /// Shorter runs and a shorter fuzzing budget (about 5 minutes in all). CI runs it with
-    /// `--only postgres,redis,sigterm,fuzz`.
+    /// `--only postgres,redis,sigterm,hostile-tenant,fuzz`.
     #[arg(long)]
     quick: bool,
-    /// Only these scenarios (comma-separated: postgres, redis, sigterm, hostile, fuzz).
+    /// Only these scenarios (comma-separated: postgres, redis, sigterm, hostile, hostile-tenant,
+    /// fuzz).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Build and run the release binaries (the default is the debug build CI already has). The

@@ -7,7 +7,9 @@ use std::time::Instant;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::load::{Outcome, SHED_503, Sample, TYPED_503, describe, ms, open_loop, percentile, share, tally};
+use super::load::{
+    Outcome, REFUSED_AT_CONNECT, SHED_503, Sample, TYPED_503, describe, ms, open_loop, percentile, share, tally,
+};
 use super::testbed::{Api, Testbed};
 use super::verdict::Report;
 
@@ -44,8 +46,14 @@ pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Re
         S,
         "5xx other than a typed 503, and transport failures",
         "0",
-        format!("{} 5xx, {} failed", all.server_errors, all.failed),
-        all.server_errors == 0 && all.failed == 0,
+        format!(
+            "{} server errors, {} 503s outside the typed set, {} failed ({} of them refused connections)",
+            all.server_errors(),
+            all.other_503(),
+            all.failed(),
+            all.failed_with(REFUSED_AT_CONNECT)
+        ),
+        all.server_errors() == 0 && all.other_503() == 0 && all.failed() == 0,
     );
 
     let times = Times { down_from, stopped_at, restart_at, up_at };
@@ -74,9 +82,9 @@ async fn while_down(samples: &[Sample], api: &Api, times: &Times, report: &mut R
     // Admission's refusals to a caller that came back before its `Retry-After` are held until
     // then by design (the caller pays in its own time, docs/ADMISSION.md), for at most the
     // pacer's cap: they are bounded by the cap past the same 2 s, everything else by 2 s.
-    let is_shed =
-        |s: &Sample| matches!(&s.outcome, Outcome::Status { code: Some(c), .. } if SHED_503.contains(&c.as_str()));
-    let longest = |shed: bool| down.iter().filter(|s| is_shed(s) == shed).map(|s| s.took).max().unwrap_or_default();
+    let longest = |shed: bool| {
+        down.iter().filter(|s| s.outcome.refused_503(SHED_503) == shed).map(|s| s.took).max().unwrap_or_default()
+    };
     let (down_max, shed_max) = (longest(false), longest(true));
     let down_p99 = percentile(down.iter().map(|s| s.took).collect(), 99);
     let pacing = pacing_status(api).await;
@@ -85,7 +93,7 @@ async fn while_down(samples: &[Sample], api: &Api, times: &Times, report: &mut R
     // pool keeps trying to connect until its acquire timeout): when were they sent, and answered?
     let ok_down: Vec<String> = down
         .iter()
-        .filter(|s| s.is_2xx())
+        .filter(|s| s.outcome.is_ok())
         .map(|s| {
             format!(
                 "sent {:+.0} ms, answered {:+.0} ms",
@@ -105,8 +113,8 @@ async fn while_down(samples: &[Sample], api: &Api, times: &Times, report: &mut R
         "while down: typed 503s",
         "every non-2xx a typed 503 (db_* or admission's load_shed/queue_timeout)",
         format!("{} requests: {}", down.len(), describe(&down_tally)),
-        down_tally.typed_503 + down_tally.shed > 0
-            && down_tally.ok + down_tally.typed_503 + down_tally.shed == down.len(),
+        down_tally.typed_503() + down_tally.shed() > 0
+            && down_tally.ok + down_tally.typed_503() + down_tally.shed() == down.len(),
     );
     report.check(
         S,
@@ -148,10 +156,10 @@ fn after_return(samples: &[Sample], times: &Times, report: &mut Report) {
     }
     let timeline: Vec<String> = by_second
         .iter()
-        .filter(|(second, s)| **second < 6 || s.iter().any(|s| !s.is_2xx()))
+        .filter(|(second, s)| **second < 6 || s.iter().any(|s| !s.outcome.is_ok()))
         .map(|(second, s)| {
             let t = tally(s.iter().copied());
-            format!("+{second} s: {} of {} 2xx {:?}", t.ok, s.len(), t.codes)
+            format!("+{second} s: {} of {} ok {:?}", t.ok, s.len(), t.not_ok())
         })
         .collect();
     report.note(format!(
@@ -159,11 +167,8 @@ fn after_return(samples: &[Sample], times: &Times, report: &mut Report) {
         describe(&before),
         timeline.join("; ")
     ));
-    let last_db_error = after
-        .iter()
-        .filter(|s| matches!(&s.outcome, Outcome::Status { status: 503, code: Some(c), .. } if TYPED_503.contains(&c.as_str())))
-        .map(|s| s.at.saturating_sub(up_at))
-        .max();
+    let last_db_error =
+        after.iter().filter(|s| s.outcome.refused_503(TYPED_503)).map(|s| s.at.saturating_sub(up_at)).max();
     report.check(
         S,
         "the database serves again within 5 s of its return, no API restart",
@@ -175,22 +180,22 @@ fn after_return(samples: &[Sample], times: &Times, report: &mut Report) {
     let settled_tally = tally(settled.iter().copied());
     let settled_refused = share(settled_tally.refusals(), settled.len());
     let allowed = before_refused.max(0.01);
-    let last_bad = after.iter().filter(|s| !s.is_2xx()).map(|s| s.at.saturating_sub(up_at)).max();
+    let last_bad = after.iter().filter(|s| !s.outcome.is_ok()).map(|s| s.at.saturating_sub(up_at)).max();
     report.check(
         S,
         "from 5 s after the return, refusals no more than before the stop",
         "refused share <= the share before the stop, or 1% if that was lower; nothing else but 2xx",
         format!(
-            "{} requests: {:.2}% refused (before the stop: {:.2}%), {} not 2xx in all{}",
+            "{} requests: {:.2}% refused (before the stop: {:.2}%), {} not ok in all{}",
             settled.len(),
             settled_refused * 100.0,
             before_refused * 100.0,
             settled.len() - settled_tally.ok,
-            last_bad.map_or(String::new(), |t| format!("; last non-2xx after the return sent {} after", ms(t)))
+            last_bad.map_or(String::new(), |t| format!("; the last one not ok after the return sent {} after", ms(t)))
         ),
         !settled.is_empty()
             && settled_refused <= allowed
-            && settled_tally.ok + settled_tally.shed + settled_tally.throttled == settled.len(),
+            && settled_tally.ok + settled_tally.shed() + settled_tally.throttled() == settled.len(),
     );
 }
 
@@ -199,7 +204,7 @@ async fn nothing_lost(bed: &Testbed, samples: &[Sample], report: &mut Report) ->
     let created: Vec<Uuid> = samples
         .iter()
         .filter_map(|s| match &s.outcome {
-            Outcome::Status { created: Some(id), .. } => Some(*id),
+            Outcome::Answered { created: Some(id), .. } => Some(*id),
             _ => None,
         })
         .collect();

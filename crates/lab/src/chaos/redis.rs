@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::Value;
 
-use super::load::{describe, ms, open_loop, tally};
+use super::load::{REFUSED_AT_CONNECT, describe, ms, open_loop, tally};
 use super::testbed::{Api, Testbed};
 use super::verdict::Report;
 
@@ -59,13 +59,16 @@ pub(super) async fn run(bed: &mut Testbed, api: &Api, rate: f64, report: &mut Re
         "no 5xx, no transport failures (admission's shed 503s are refusals, counted apart)",
         "0",
         format!(
-            "{} 5xx ({} typed database 503s), {} failed; {} shed by admission",
-            all.server_errors + all.typed_503,
-            all.typed_503,
-            all.failed,
-            all.shed
+            "{} server errors, {} typed database 503s, {} 503s outside the typed set, {} failed ({} of them \
+             refused connections); {} shed by admission",
+            all.server_errors(),
+            all.typed_503(),
+            all.other_503(),
+            all.failed(),
+            all.failed_with(REFUSED_AT_CONNECT),
+            all.shed()
         ),
-        all.server_errors == 0 && all.typed_503 == 0 && all.failed == 0,
+        all.server_errors() == 0 && all.typed_503() == 0 && all.other_503() == 0 && all.failed() == 0,
     );
     let mut seen_before: BTreeMap<String, usize> = BTreeMap::new();
     for (_, st) in states.iter().filter(|(t, _)| *t < killed_at) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde_json::Value;
 
-use super::load::{Outcome, Sample, describe, ms, open_loop, posts, request_id, tally};
+use super::load::{Outcome, REFUSED_AT_CONNECT, Sample, describe, ms, open_loop, posts, request_id, tally};
 use super::testbed::{Api, Testbed, report_panics, terminate, wait_healthy};
 use super::verdict::Report;
 
@@ -101,7 +101,8 @@ async fn probe_ready(ops: String, t0: Instant, duration: Duration) -> Option<Vec
 }
 
 /// Every request either process read got a complete response, and a request neither read (closed
-/// as it arrived) was not stored.
+/// as it arrived) was not stored. A refused connection sent nothing: it is counted apart, allowed
+/// (the port changes hands), and never in the table.
 async fn accepted_requests(
     bed: &Testbed,
     [api, new_api]: [&Api; 2],
@@ -117,7 +118,10 @@ async fn accepted_requests(
     // (RFC 9112, section 9.3.1). Such a POST must not be in the table.
     let mut read = read_request_ids(&api.log);
     read.extend(read_request_ids(&new_api.log));
-    let before_term: Vec<&Sample> = samples.iter().filter(|s| s.at < term_at && s.is_2xx()).collect();
+    let before_term: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at < term_at && matches!(s.outcome, Outcome::Answered { status: 200..=299, .. }))
+        .collect();
     let unlogged = before_term.iter().filter(|s| !read.contains(&request_id("sigterm", s.i))).count();
     report.check(
         S,
@@ -126,9 +130,15 @@ async fn accepted_requests(
         format!("{} of {} found", before_term.len() - unlogged, before_term.len()),
         !before_term.is_empty() && unlogged == 0,
     );
-    let failed: Vec<&Sample> = samples.iter().filter(|s| matches!(s.outcome, Outcome::Failed(_))).collect();
+    let failed: Vec<(&Sample, &str)> = samples
+        .iter()
+        .filter_map(|s| match &s.outcome {
+            Outcome::Unanswered { kind, detail } if kind != REFUSED_AT_CONNECT => Some((s, detail.as_str())),
+            _ => None,
+        })
+        .collect();
     let (accepted, unread): (Vec<&Sample>, Vec<&Sample>) =
-        failed.iter().partition(|s| read.contains(&request_id("sigterm", s.i)));
+        failed.iter().map(|(s, _)| *s).partition(|s| read.contains(&request_id("sigterm", s.i)));
     let unread_posts: Vec<String> = unread.iter().filter(|s| posts(s.i)).map(|s| request_id("sigterm", s.i)).collect();
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bed.db_url).await?;
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM messages WHERE body = ANY($1)")
@@ -138,9 +148,9 @@ async fn accepted_requests(
     pool.close().await;
     let when: Vec<String> = failed
         .iter()
-        .map(|s| {
+        .map(|(s, detail)| {
             let sent = s.at.as_secs_f64() - term_at.as_secs_f64();
-            let what = if let Outcome::Failed(e) = &s.outcome { e.chars().take(160).collect() } else { String::new() };
+            let what: String = detail.chars().take(160).collect();
             format!("{} sent at {sent:+.3} s from SIGTERM: {what}", request_id("sigterm", s.i))
         })
         .collect();
@@ -150,18 +160,19 @@ async fn accepted_requests(
     report.check(
         S,
         "every accepted request gets a complete response",
-        "0 resets or truncated responses to a request the server read; 0 5xx; refusals allowed",
+        "0 resets or truncated responses to a request the server read; 0 5xx; refusals and refused connections allowed",
         format!(
             "{} failed: {} read by the server, {} never read (closed as it arrived; {} of them POSTs, {stored} of \
-             those stored); {} refused, {} 5xx",
+             those stored); {} refused at connect, {} server errors, {} 503s outside the typed set",
             failed.len(),
             accepted.len(),
             unread.len(),
             unread_posts.len(),
-            all.refused,
-            all.server_errors
+            all.failed_with(REFUSED_AT_CONNECT),
+            all.server_errors(),
+            all.other_503()
         ),
-        accepted.is_empty() && stored == 0 && all.server_errors == 0,
+        accepted.is_empty() && stored == 0 && all.server_errors() == 0 && all.other_503() == 0,
     );
     Ok(())
 }
