@@ -21,8 +21,7 @@ fn the_committed_lab_json_renders_the_committed_report() -> anyhow::Result<()> {
     let root = crate::rig::services::root();
     let json = root.join("docs/lab/lab.json");
     let lab = LabRecord::from_json(&std::fs::read_to_string(&json)?, &json.display().to_string())?;
-    for (path, section) in
-        [("docs/lab/REPORT.md", markdown(&lab, "")), ("docs/PERFORMANCE.md", headline(&lab, "lab/"))]
+    for (path, section) in [("docs/lab/REPORT.md", markdown(&lab, "")), ("docs/PERFORMANCE.md", headline(&lab, "lab/"))]
     {
         let doc = std::fs::read_to_string(root.join(path))?;
         let rendered = replace_generated(&doc, &section);
