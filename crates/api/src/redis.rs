@@ -6,14 +6,14 @@
 //! in one slot and the cluster spreads tenants over its shards.
 //!
 //! One multiplexed connection per process (per shard on a cluster), shared by every request:
-//! calls that overlap are pipelined on it, and a request costs its own commands and nothing
-//! else (a pool's check-out costs a round trip of its own, `UNWATCH` + `PING`, measured in
-//! docs/PERFORMANCE.md). The `redis` crate's connection manager reconnects it after a reset or a
-//! refused connection; a Redis that stops answering, or answers with errors (a demoted primary's
-//! `READONLY`), is left behind by [`RedisPool::reset`], which the throttles call when their
-//! circuit breaker opens, so the breaker's next probe connects afresh. Connecting runs as a task
-//! of its own, so a caller that gives up at its budget does not cancel it; it starts on first
-//! use, so start-up never waits for Redis.
+//! calls that overlap are pipelined on it, and a request costs its own commands and nothing else (a
+//! pool's check-out costs a round trip of its own, `UNWATCH` + `PING`, measured in
+//! docs/lab/history/2026-12-03-redis-one-connection.md). The `redis` crate's connection manager
+//! reconnects it after a reset or a refused connection; a Redis that stops answering, or answers
+//! with errors (a demoted primary's `READONLY`), is left behind by [`RedisPool::reset`], which the
+//! throttles call when their circuit breaker opens, so the breaker's next probe connects afresh.
+//! Connecting runs as a task of its own, so a caller that gives up at its budget does not cancel
+//! it; it starts on first use, so start-up never waits for Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,7 @@
 //! `breakwater-worker bench`: queue throughput with no-op jobs. Enqueues N jobs, starts P
 //! worker processes (this same binary) that exit once the queue is empty, and reports jobs per
-//! second from their start to the last one's exit. The figures go to `docs/PERFORMANCE.md`.
+//! second from their start to the last one's exit. The figures are in `docs/PERFORMANCE.md`
+//! (the parts) and in full in `docs/lab/history/2a146a5-job-queue-throughput.md`.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

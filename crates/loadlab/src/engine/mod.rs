@@ -90,8 +90,9 @@ pub enum ClientKey {
 
 /// The default in-flight cap. A healthy target needs far fewer (10,000 req/s x 10 ms = 100),
 /// and a generator starved of CPU that may open thousands of connections at once makes itself
-/// slower still and collapses (measured: docs/PERFORMANCE.md). Raise it with
-/// `--max-in-flight` for targets whose latency x rate is higher; reaching it is reported.
+/// slower still and collapses (measured: docs/lab/history/a6e0c72-load-lab-accuracy.md).
+/// Raise it with `--max-in-flight` for targets whose latency x rate is higher; reaching it is
+/// reported.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
 /// Settings shared by every step of a run.
