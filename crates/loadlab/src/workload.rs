@@ -116,6 +116,7 @@ impl Workload for AgentJourney {
                 body,
                 expect_json: true,
                 idempotency_key: endpoint == "reply",
+                headers: Vec::new(),
             };
             let (o, reply) = a
                 .request(

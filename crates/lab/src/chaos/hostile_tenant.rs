@@ -29,7 +29,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::load::{Outcome, Sample, capacity, client, describe, ms, open_loop, percentile, share, tally};
+use super::load::{Outcome, Sample, capacity, client, describe, ms, open_loop, percentile, rotation, share, tally};
 use super::testbed::{Api, Testbed, can_pin, find_api_pid, free_port, report_panics, stop_api, wait_healthy};
 use super::verdict::Report;
 
@@ -100,33 +100,6 @@ async fn slow_reader(port: u16, token: String, stop: Arc<AtomicBool>) -> Vec<u16
     statuses
 }
 
-/// Requests with one header set, at `rate` per second until `stop`; what they got.
-async fn burst(
-    urls: Vec<String>,
-    auth: Option<String>,
-    rate: f64,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<Vec<Outcome>> {
-    let http = client()?;
-    let mut tasks = Vec::new();
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let mut i = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        let mut req = http.get(&urls[i % urls.len()]);
-        if let Some(a) = &auth {
-            req = req.bearer_auth(a);
-        }
-        tasks.push(tokio::spawn(async move { Outcome::read(req.send().await, false).await }));
-        i += 1;
-        tokio::time::sleep(interval).await;
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await?);
-    }
-    Ok(out)
-}
-
 /// The highest bulkhead use and admission in-flight seen on the ops listener, every 100 ms.
 async fn watch_bulkhead(ops: String, stop: Arc<AtomicBool>) -> (u64, u64, usize) {
     let Ok(http) = client() else { return (0, 0, 0) };
@@ -187,18 +160,20 @@ async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut
 
     let forged = forge_token(bed)?;
     let base = api.base();
-    let forgers = tokio::spawn(burst(
+    let forgers = rotation(
+        "forged",
         vec![format!("{base}/v1/conversations?limit=10"), format!("{base}/v1/contacts?limit=10")],
-        Some(forged),
+        Some(&forged),
         rate,
-        stop.clone(),
-    ));
-    let ops_probes = tokio::spawn(burst(
+        duration,
+    )?;
+    let ops_probes = rotation(
+        "ops-paths",
         vec![format!("{base}/ready"), format!("{base}/metrics"), format!("{base}/v1/ops/status")],
         None,
         rate / 2.0,
-        stop.clone(),
-    ));
+        duration,
+    )?;
     let watcher = tokio::spawn(watch_bulkhead(api.ops_base(), stop.clone()));
 
     let samples = load.await?;
@@ -208,8 +183,8 @@ async fn attack(bed: &Testbed, api: &Api, rate: f64, release: bool, report: &mut
     for r in readers {
         read.extend(r.await?);
     }
-    let forged = forgers.await??;
-    let probes = ops_probes.await??;
+    let forged: Vec<Outcome> = forgers.await?.into_iter().map(|s| s.outcome).collect();
+    let probes: Vec<Outcome> = ops_probes.await?.into_iter().map(|s| s.outcome).collect();
     let (in_use, waiting, polls) = watcher.await?;
 
     other_tenants(&samples, rate, release, report);

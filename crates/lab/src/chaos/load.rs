@@ -12,22 +12,31 @@
 //! read (the database's 503s, admission's, the throttles' 429s, server errors) are views of the
 //! one classification ([`Tally`]).
 //!
-//! The loop is the suite's own, not the lab's engine: the verdicts read every request (its
-//! number, when it was sent, how long it took, the message a 201 created: no message lost across
-//! a fault, what happened while it lasted), and the engine returns a step's aggregates; nor can
-//! its requests carry a header of the caller's own, such as the `x-request-id` the `sigterm`
-//! accounting finds in the API's log. Moving the loop onto the engine is a larger change.
+//! The load runs on the lab's engine ([`breakwater_loadlab::engine`]): its pacer, its client and
+//! its classification. The suite adds what its verdicts read and a lab step does not keep: every
+//! request apart (its number, when it was sent, how long it took, the message a 201 created),
+//! and a header of its own on each, the `x-request-id` the `sigterm` accounting finds in the
+//! API's log.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use breakwater_loadlab::classify::{Outcome as Class, classify};
-use breakwater_loadlab::client::transport_kind;
+use breakwater_loadlab::client::{Reply, transport_kind};
+use breakwater_loadlab::engine::{Arrival, BoxFuture, Engine, Req, Workload};
+use breakwater_loadlab::sampler::Sampler;
+use breakwater_loadlab::schedule::Pacer;
+use breakwater_loadlab::tokens::TokenLine;
+use breakwater_loadlab::{EngineConfig, Tokens};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::testbed::TenantData;
 
+/// The probes' client (a status page read, a health check): single requests, not load.
 pub(super) fn client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
@@ -51,8 +60,23 @@ pub(super) enum Outcome {
 }
 
 impl Outcome {
-    /// Reads the response to a request whole and classifies it. `expect_json`: a 2xx must carry
-    /// a JSON body.
+    /// What the engine's request got: its classification and, when it was answered, the
+    /// response.
+    fn from_engine(class: Class, reply: Option<Reply>) -> Self {
+        match (class, reply) {
+            (class, Some(r)) => {
+                let created = if r.status == 201 { created_id(&r.body) } else { None };
+                Self::Answered { status: r.status, class, created }
+            }
+            (Class::Error { kind }, None) => Self::Unanswered { detail: kind.clone(), kind },
+            (class, None) => {
+                Self::Unanswered { kind: "io".to_owned(), detail: format!("{class:?} without a response") }
+            }
+        }
+    }
+
+    /// Reads a probe's response whole and classifies it. `expect_json`: a 2xx must carry a JSON
+    /// body.
     pub(super) async fn read(sent: reqwest::Result<reqwest::Response>, expect_json: bool) -> Self {
         let res = match sent {
             Ok(res) => res,
@@ -62,11 +86,7 @@ impl Outcome {
         let headers = res.headers().clone();
         match res.bytes().await {
             Ok(body) => {
-                let created = if status == 201 {
-                    serde_json::from_slice::<Value>(&body).ok().and_then(|v| v["id"].as_str()?.parse().ok())
-                } else {
-                    None
-                };
+                let created = if status == 201 { created_id(&body) } else { None };
                 Self::Answered { status, class: classify(status, &headers, &body, expect_json), created }
             }
             Err(e) => Self::unanswered(&e, format!("body: {e:?}")),
@@ -122,30 +142,9 @@ pub(super) fn posts(i: usize) -> bool {
     i.is_multiple_of(2)
 }
 
-/// One request of the load mix: even `i` posts a message, odd `i` reads an inbox page.
-pub(super) async fn send(
-    client: &reqwest::Client,
-    base: &str,
-    tenants: &[TenantData],
-    run: &str,
-    i: usize,
-) -> (Duration, Outcome) {
-    let t = &tenants[i / 2 % tenants.len()];
-    let id = request_id(run, i);
-    let started = Instant::now();
-    let req = if posts(i) {
-        let conv = t.conversations[i / 4 % t.conversations.len()];
-        client
-            .post(format!("{base}/v1/conversations/{conv}/messages"))
-            .bearer_auth(&t.token)
-            .json(&json!({ "body": id }))
-    } else {
-        client.get(format!("{base}/v1/conversations?limit=10")).bearer_auth(&t.token)
-    };
-    let req = req.header("x-request-id", &id);
-    // Both routes answer JSON: a 2xx whose body does not parse is an error.
-    let outcome = Outcome::read(req.send().await, true).await;
-    (started.elapsed(), outcome)
+/// The id in a 201's body.
+fn created_id(body: &[u8]) -> Option<Uuid> {
+    serde_json::from_slice::<Value>(body).ok().and_then(|v| v["id"].as_str()?.parse().ok())
 }
 
 /// A request of an open-loop run: when it was sent (since the run began), how long it took,
@@ -159,8 +158,143 @@ pub(super) struct Sample {
     pub(super) outcome: Outcome,
 }
 
-/// Open-loop load at `rate` for `duration`: requests are sent on schedule whether or not the
-/// earlier ones have answered (so a stall shows as latency, not as a slower sender).
+/// What a run sends: its request number `i`.
+trait Requests: Send + Sync + 'static {
+    fn request(&self, i: usize) -> Req;
+}
+
+/// The load mix: even `i` posts a message (its body and `x-request-id` the request's id), odd
+/// `i` reads an inbox page; tenant by tenant in turn. Both routes answer JSON: a 2xx whose body
+/// does not parse is an error.
+struct Mix {
+    run: &'static str,
+    base: String,
+    tenants: Vec<TenantData>,
+}
+
+impl Requests for Mix {
+    fn request(&self, i: usize) -> Req {
+        let tenant = i / 2 % self.tenants.len();
+        let id = request_id(self.run, i);
+        let mut req = if posts(i) {
+            let t = &self.tenants[tenant];
+            let conv = t.conversations[i / 4 % t.conversations.len()];
+            let mut req = Req::get(format!("{}/v1/conversations/{conv}/messages", self.base), "post");
+            req.method = Method::POST;
+            req.body = Some(Bytes::from(json!({ "body": id }).to_string()));
+            req
+        } else {
+            Req::get(format!("{}/v1/conversations?limit=10", self.base), "inbox")
+        };
+        req.tenant = Some(tenant);
+        req.expect_json = true;
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            req.headers.push((HeaderName::from_static("x-request-id"), v));
+        }
+        req
+    }
+}
+
+/// GETs of `urls` in turn, with the run's one token if it has one.
+struct Rotation {
+    urls: Vec<String>,
+    token: bool,
+}
+
+impl Requests for Rotation {
+    fn request(&self, i: usize) -> Req {
+        let mut req = Req::get(self.urls[i % self.urls.len()].clone(), "rotation");
+        req.tenant = self.token.then_some(0);
+        req
+    }
+}
+
+/// Makes an arrival's request on the engine and keeps its sample.
+struct Recorded<R> {
+    requests: R,
+    t0: Instant,
+    samples: Mutex<Vec<Sample>>,
+}
+
+impl<R: Requests> Workload for Recorded<R> {
+    fn arrive(self: Arc<Self>, a: Arrival) -> BoxFuture {
+        Box::pin(async move {
+            let i = usize::try_from(a.n).unwrap_or(usize::MAX);
+            let req = self.requests.request(i);
+            let sent = Instant::now();
+            let (class, reply) = a.request(a.intended, req).await;
+            let sample = Sample {
+                i,
+                at: sent.saturating_duration_since(self.t0),
+                took: sent.elapsed(),
+                outcome: Outcome::from_engine(class, reply),
+            };
+            if let Ok(mut samples) = self.samples.lock() {
+                samples.push(sample);
+            }
+        })
+    }
+}
+
+impl<R> Recorded<R> {
+    fn take(&self) -> Vec<Sample> {
+        let mut samples = self.samples.lock().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default();
+        samples.sort_by_key(|s| s.i);
+        samples
+    }
+}
+
+/// The engine as the suite runs it: a fully open loop (no in-flight cap: a stall shows as
+/// latency and connections, never as a slower sender), a pacer thread, a 20 s timeout.
+fn engine(tokens: Tokens) -> Engine {
+    let cfg = EngineConfig {
+        pacer: Pacer::Thread,
+        max_in_flight: None,
+        timeout: Duration::from_secs(20),
+        ..EngineConfig::default()
+    };
+    let start = Instant::now();
+    Engine::new(cfg, tokens, Sampler::start(None, None, Duration::from_secs(1), start), start)
+}
+
+/// The testbed's tenants as the engine's tokens, in the same order.
+fn tokens(tenants: &[TenantData]) -> anyhow::Result<Tokens> {
+    let lines = tenants
+        .iter()
+        .map(|t| TokenLine {
+            tenant_id: t.tenant.to_string(),
+            user_id: t.user.to_string(),
+            token: Some(t.token.clone()),
+            weight: 1.0,
+        })
+        .collect();
+    Tokens::from_lines(lines, "")
+}
+
+/// Runs `requests` open loop at `rate` for `duration` on the engine; every request's sample, in
+/// order. A generator that could not keep the schedule is said on stderr (the samples' send
+/// times show it too).
+fn run_open<R: Requests>(
+    run: &'static str,
+    tokens: Tokens,
+    requests: R,
+    rate: f64,
+    duration: Duration,
+    t0: Instant,
+) -> tokio::task::JoinHandle<Vec<Sample>> {
+    tokio::spawn(async move {
+        let recorded = Arc::new(Recorded { requests, t0, samples: Mutex::new(Vec::new()) });
+        let workload: Arc<dyn Workload> = Arc::clone(&recorded) as Arc<dyn Workload>;
+        let step = engine(tokens).open_step(0, run.to_owned(), rate, duration, vec![(rate, workload)]).await;
+        if !step.audit.valid {
+            eprintln!("chaos {run}: the generator's audit failed: {}", step.audit.reasons.join("; "));
+        }
+        recorded.take()
+    })
+}
+
+/// Open-loop load of the mix at `rate` for `duration`: requests are sent on schedule whether or
+/// not the earlier ones have answered (so a stall shows as latency, not as a slower sender).
 pub(super) fn open_loop(
     run: &'static str,
     base: String,
@@ -169,32 +303,39 @@ pub(super) fn open_loop(
     duration: Duration,
     t0: Instant,
 ) -> tokio::task::JoinHandle<Vec<Sample>> {
-    tokio::spawn(async move {
-        let Ok(client) = client() else { return Vec::new() };
-        let interval = Duration::from_secs_f64(1.0 / rate);
-        let mut tasks = Vec::new();
-        let mut i = 0usize;
-        let mut next = Instant::now();
-        let end = Instant::now() + duration;
-        while next < end {
-            tokio::time::sleep_until(next.into()).await;
-            let (client, base, tenants) = (client.clone(), base.clone(), tenants.clone());
-            let at = t0.elapsed();
-            tasks.push(tokio::spawn(async move {
-                let (took, outcome) = send(&client, &base, &tenants, run, i).await;
-                Sample { i, at, took, outcome }
-            }));
-            i += 1;
-            next += interval;
+    let tokens = match tokens(&tenants) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("chaos {run}: the tenants' tokens: {e}");
+            return tokio::spawn(async { Vec::new() });
         }
-        let mut out = Vec::new();
-        for t in tasks {
-            if let Ok(s) = t.await {
-                out.push(s);
-            }
-        }
-        out
-    })
+    };
+    run_open(run, tokens, Mix { run, base, tenants }, rate, duration, t0)
+}
+
+/// GETs of `urls` in turn at `rate` for `duration`, each with `authorization` if given; what
+/// they got.
+pub(super) fn rotation(
+    run: &'static str,
+    urls: Vec<String>,
+    authorization: Option<&str>,
+    rate: f64,
+    duration: Duration,
+) -> anyhow::Result<tokio::task::JoinHandle<Vec<Sample>>> {
+    let tokens = match authorization {
+        Some(token) => Tokens::from_lines(
+            vec![TokenLine {
+                tenant_id: String::new(),
+                user_id: String::new(),
+                token: Some(token.to_owned()),
+                weight: 1.0,
+            }],
+            "",
+        )?,
+        None => Tokens::none(),
+    };
+    let token = authorization.is_some();
+    Ok(run_open(run, tokens, Rotation { urls, token }, rate, duration, Instant::now()))
 }
 
 /// 503s that say the database (or the handler's deadline) failed the request.
@@ -351,30 +492,17 @@ pub(super) fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// Closed-loop throughput of the load mix: what "half of capacity" is measured against.
+/// Closed-loop throughput of the load mix (16 callers for 3 s, the engine's goodput): what
+/// "half of capacity" is measured against.
 pub(super) async fn capacity(base: &str, tenants: &[TenantData]) -> anyhow::Result<f64> {
-    let client = client()?;
-    let until = Instant::now() + Duration::from_secs(3);
-    let mut tasks = Vec::new();
-    for w in 0..16usize {
-        let (client, base, tenants) = (client.clone(), base.to_owned(), tenants.to_vec());
-        tasks.push(tokio::spawn(async move {
-            let mut ok = 0u64;
-            let mut i = w;
-            while Instant::now() < until {
-                if send(&client, &base, &tenants, "capacity", i).await.1.is_ok() {
-                    ok += 1;
-                }
-                i += 16;
-            }
-            ok
-        }));
-    }
-    let mut total = 0u64;
-    for t in tasks {
-        total += t.await?;
-    }
-    Ok(f64::from(u32::try_from(total).unwrap_or(u32::MAX)) / 3.0)
+    let mix = Recorded {
+        requests: Mix { run: "capacity", base: base.to_owned(), tenants: tenants.to_vec() },
+        t0: Instant::now(),
+        samples: Mutex::new(Vec::new()),
+    };
+    let step =
+        engine(tokens(tenants)?).closed_step(0, "capacity".to_owned(), 16, Duration::from_secs(3), Arc::new(mix)).await;
+    Ok(step.goodput_rps)
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub struct Req {
     pub body: Option<Bytes>,
     pub expect_json: bool,
     pub idempotency_key: bool,
+    /// Headers of the caller's own, sent as they are (a request id, say).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Req {
@@ -38,6 +40,7 @@ impl Req {
             body: None,
             expect_json: false,
             idempotency_key: false,
+            headers: Vec::new(),
         }
     }
 }
@@ -129,7 +132,7 @@ impl StepCtx {
             },
             None => None,
         };
-        let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(2);
+        let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(2 + req.headers.len());
         if let Some(t) = req.tenant.and_then(|i| self.tokens.tenants().get(i)) {
             headers.push((http::header::AUTHORIZATION, t.authorization.clone()));
         }
@@ -138,6 +141,7 @@ impl StepCtx {
         {
             headers.push((HeaderName::from_static("idempotency-key"), v));
         }
+        headers.extend(req.headers);
         let actual = Instant::now();
         let now_in = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now_in, Ordering::Relaxed);
