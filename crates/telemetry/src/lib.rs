@@ -12,10 +12,13 @@
 //! ([`current_traceparent`]) and read back by the worker that runs it
 //! ([`set_parent_from_traceparent`]).
 //!
-//! [`prometheus`] holds what the API's and the worker's `/metrics` share; [`emf`] writes metrics
-//! as CloudWatch embedded-metric-format log lines (for ECS, where nothing scrapes `/metrics`).
+//! [`figures`] is the list of a process's figures, each described once, from which its three
+//! views are rendered; [`prometheus`] holds what the API's and the worker's `/metrics` share;
+//! [`emf`] writes metrics as CloudWatch embedded-metric-format log lines (for ECS, where nothing
+//! scrapes `/metrics`).
 
 pub mod emf;
+pub mod figures;
 pub mod prometheus;
 
 use std::collections::HashMap;

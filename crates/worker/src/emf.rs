@@ -9,50 +9,34 @@
 use std::time::SystemTime;
 
 use breakwater_telemetry::emf::{Line, Source};
+use breakwater_telemetry::figures::to_emf::EmfPublisher;
 
-use crate::{Counts, Worker};
+use crate::Worker;
 
 /// The `Service` dimension of the worker's lines.
 pub const SERVICE: &str = "worker";
 
-/// Builds the lines, remembering the totals the previous line was computed from.
+/// Builds the lines from the worker's figures ([`Worker::figures`]), remembering the totals the
+/// previous line was computed from.
 #[derive(Debug)]
 pub struct Publisher {
-    namespace: String,
-    environment: String,
+    publisher: EmfPublisher,
     worker: Worker,
-    previous: Counts,
 }
 
 impl Publisher {
     /// A publisher for `worker` whose first line counts everything since it was created.
     #[must_use]
     pub fn new(namespace: &str, environment: &str, worker: Worker) -> Self {
-        Self {
-            namespace: namespace.to_owned(),
-            environment: environment.to_owned(),
-            worker,
-            previous: Counts::default(),
-        }
+        Self { publisher: EmfPublisher::new(namespace, environment, SERVICE), worker }
     }
 
     /// The line for the interval since the previous call.
     #[must_use]
     pub fn line(&mut self) -> Line {
-        let now = self.worker.counts();
-        let before = std::mem::replace(&mut self.previous, now);
-        let mut line = Line::new(&self.namespace, SystemTime::now())
-            .dimension("Environment", &self.environment)
-            .dimension("Service", SERVICE);
-        line.count_since("JobsClaimed", now.claimed, before.claimed)
-            .count_since("JobsCompleted", now.completed, before.completed)
-            .count_since("JobsRetried", now.retried, before.retried)
-            .count_since("JobsDead", now.dead, before.dead)
-            .count_since("JobsReleased", now.released, before.released)
-            .count_since("JobsLeaseLost", now.lease_lost, before.lease_lost)
-            .count_since("JobsRescued", now.rescued, before.rescued)
-            .count("JobsHeld", self.worker.held_count() as u64);
-        line
+        let mut lines = self.publisher.lines_of(&self.worker.figures(), SystemTime::now());
+        // The worker's figures have no admission class: the task's line is the only one.
+        lines.swap_remove(0)
     }
 }
 

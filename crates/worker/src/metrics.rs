@@ -1,14 +1,16 @@
-//! The worker's own figures on `/metrics` (Prometheus text), with `/health`, served on
-//! `WORKER_METRICS_ADDR` by [`serve`].
+//! The worker's own figures, each described once on the list of
+//! [`breakwater_telemetry::figures`] (the model the API's figures use), and their three views:
+//! `/metrics` (Prometheus text) and `/health` (JSON), served on `WORKER_METRICS_ADDR` by
+//! [`serve`], and the CloudWatch lines ([`crate::emf`]).
 //!
 //! The queue's figures (jobs by kind and state, the oldest ready job's age, throughput, jobs gone
 //! dead) are read from PostgreSQL and published on the API's `/metrics`: one reading for the
 //! whole fleet. These are this process's: what became of the attempts it ran, by kind; how long
 //! a due job waited to be claimed and a claimed one for its task; the jobs it holds and its
-//! slots; the jobs it claimed, released at shutdown, rescued and pruned; and its webhook
-//! client's connections. The same library (`prometheus-client`) and prefix as the API's.
+//! slots; the jobs it claimed, completed, retried, buried, lost, released at shutdown, rescued
+//! and pruned; and its webhook client's connections. The same library (`prometheus-client`) and
+//! prefix as the API's.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Router;
@@ -16,13 +18,14 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use breakwater_telemetry::prometheus::{CONTENT_TYPE, advance, encode};
+use breakwater_telemetry::figures::{Figures, Kind, Lines, NOT_ALARMED, SETTING, Unit};
+use breakwater_telemetry::prometheus::{CONTENT_TYPE, encode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Counts, Worker};
@@ -72,99 +75,34 @@ impl Outcome {
     }
 }
 
-/// The worker's series. Attempts and waits are recorded as they happen; the totals the
-/// worker keeps in [`Counts`] and the jobs it holds are read at scrape time.
+/// What the worker's figures are read from, now: its totals, the jobs it holds, its slots.
+/// `/health` is this, serialised.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reading {
+    /// What it did so far.
+    pub counts: Counts,
+    /// Jobs it holds a lease on now.
+    pub held: usize,
+    /// Jobs it runs at once at most (`WORKER_CONCURRENCY`).
+    pub slots: usize,
+}
+
+/// The series recorded as attempts happen (by kind, which a total cannot say); the rest of the
+/// figures are read from a [`Reading`] when they are published.
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    registry: Registry,
     attempts: Family<OutcomeLabels, Counter>,
     claim_to_start: LatencyFamily,
     due_to_claim: LatencyFamily,
-    held: Gauge,
-    slots: Gauge,
-    claimed: Counter,
-    released: Counter,
-    rescued: Counter,
-    pruned: Counter,
-    keys_pruned: Counter,
-    stream_events_pruned: Counter,
-    connections_opened: Counter,
-    connections_reused: Counter,
-    /// Scrapes advance the totals, then encode: one at a time.
-    render_lock: Mutex<()>,
 }
 
 impl Metrics {
-    pub(crate) fn new(slots: usize) -> Self {
-        let m = Self {
-            registry: Registry::with_prefix("breakwater_worker"),
+    pub(crate) fn new() -> Self {
+        Self {
             attempts: Family::default(),
             claim_to_start: Family::new_with_constructor(latency_histogram),
             due_to_claim: Family::new_with_constructor(latency_histogram),
-            held: Gauge::default(),
-            slots: Gauge::default(),
-            claimed: Counter::default(),
-            released: Counter::default(),
-            rescued: Counter::default(),
-            pruned: Counter::default(),
-            keys_pruned: Counter::default(),
-            stream_events_pruned: Counter::default(),
-            connections_opened: Counter::default(),
-            connections_reused: Counter::default(),
-            render_lock: Mutex::new(()),
-        };
-        m.slots.set(i64::try_from(slots).unwrap_or(i64::MAX));
-        m.registered()
-    }
-
-    fn registered(mut self) -> Self {
-        let r = &mut self.registry;
-        r.register(
-            "jobs",
-            "Attempts this process ran, by kind and outcome (completed, retried, dead, lease_lost, unrecorded)",
-            self.attempts.clone(),
-        );
-        r.register(
-            "due_to_claim_seconds",
-            "From a job's due time to its claim by this process, by kind",
-            self.due_to_claim.clone(),
-        );
-        r.register(
-            "claim_to_start_seconds",
-            "From a job's claim to its attempt starting in this process, by kind",
-            self.claim_to_start.clone(),
-        );
-        r.register("held", "Jobs this process holds a lease on now (running or being completed)", self.held.clone());
-        r.register("slots", "Jobs this process runs at once at most (WORKER_CONCURRENCY)", self.slots.clone());
-        r.register("claimed", "Jobs this process claimed", self.claimed.clone());
-        r.register("released", "Jobs this process released unfinished at shutdown", self.released.clone());
-        r.register(
-            "rescued",
-            "Jobs with an expired lease (a dead worker's) this process returned to the queue or buried",
-            self.rescued.clone(),
-        );
-        r.register("pruned", "Finished jobs this process deleted after their retention", self.pruned.clone());
-        r.register(
-            "idempotency_keys_pruned",
-            "Idempotency keys this process deleted after their retention",
-            self.keys_pruned.clone(),
-        );
-        r.register(
-            "stream_events_pruned",
-            "Live-inbox events this process deleted after their retention (age or per-tenant count)",
-            self.stream_events_pruned.clone(),
-        );
-        r.register(
-            "webhook_connections_opened",
-            "Connections the webhook client opened",
-            self.connections_opened.clone(),
-        );
-        r.register(
-            "webhook_connections_reused",
-            "Webhook requests sent on a pooled connection",
-            self.connections_reused.clone(),
-        );
-        self
+        }
     }
 
     /// An attempt of a `kind` job ended so.
@@ -180,21 +118,102 @@ impl Metrics {
         self.claim_to_start.get_or_create(&kind).observe(claim_to_start.as_secs_f64());
     }
 
-    /// The text exposition, with the totals and the jobs held that `read` returns (read under
-    /// the scrape lock, so a later scrape never reads older totals).
-    pub(crate) fn render(&self, read: impl FnOnce() -> (Counts, usize)) -> String {
-        let _one_at_a_time = self.render_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (counts, held) = read();
-        self.held.set(i64::try_from(held).unwrap_or(i64::MAX));
-        advance(&self.claimed, counts.claimed);
-        advance(&self.released, counts.released);
-        advance(&self.rescued, counts.rescued);
-        advance(&self.pruned, counts.pruned);
-        advance(&self.keys_pruned, counts.keys_pruned);
-        advance(&self.stream_events_pruned, counts.stream_events_pruned);
-        advance(&self.connections_opened, counts.client.connections_opened);
-        advance(&self.connections_reused, counts.client.reused);
-        encode(&self.registry)
+    /// Every figure of the worker, read from `r` and the live series, in the order `/metrics`
+    /// lists them.
+    pub(crate) fn figures(&self, r: &Reading) -> Figures {
+        const BY_KIND: &str = "a distribution by kind: only /metrics carries it";
+        let mut out = Figures::default();
+        out.live(
+            Kind::Counter,
+            "jobs",
+            "Attempts this process ran, by kind and outcome (completed, retried, dead, lease_lost, unrecorded)",
+            Box::new(self.attempts.clone()),
+        )
+        .no_emf("by kind: CloudWatch carries the process's totals by outcome (JobsCompleted, ...)")
+        .no_ops("by kind: /health carries the process's totals by outcome");
+        out.live(
+            Kind::Histogram,
+            "due_to_claim_seconds",
+            "From a job's due time to its claim by this process, by kind",
+            Box::new(self.due_to_claim.clone()),
+        )
+        .no_emf(NOT_ALARMED)
+        .no_ops(BY_KIND);
+        out.live(
+            Kind::Histogram,
+            "claim_to_start_seconds",
+            "From a job's claim to its attempt starting in this process, by kind",
+            Box::new(self.claim_to_start.clone()),
+        )
+        .no_emf(NOT_ALARMED)
+        .no_ops(BY_KIND);
+        out.gauge("held", "Jobs this process holds a lease on now (running or being completed)", r.held)
+            .emf("JobsHeld", Unit::Count, Lines::Task)
+            .ops("/held");
+        out.gauge("slots", "Jobs this process runs at once at most (WORKER_CONCURRENCY)", r.slots)
+            .no_emf(SETTING)
+            .ops("/slots");
+        let c = &r.counts;
+        let alarmed = [
+            ("claimed", "Jobs this process claimed", c.claimed, "JobsClaimed"),
+            ("completed", "Jobs this process ran and marked completed", c.completed, "JobsCompleted"),
+            ("retried", "Failed attempts this process sent back to the queue with a backoff", c.retried, "JobsRetried"),
+            ("dead", "Jobs that went dead in this process (failed for good, or out of attempts)", c.dead, "JobsDead"),
+            ("released", "Jobs this process released unfinished at shutdown", c.released, "JobsReleased"),
+            (
+                "lease_lost",
+                "Jobs whose lease this process lost while running them (expired and rescued elsewhere)",
+                c.lease_lost,
+                "JobsLeaseLost",
+            ),
+            (
+                "rescued",
+                "Jobs with an expired lease (a dead worker's) this process returned to the queue or buried",
+                c.rescued,
+                "JobsRescued",
+            ),
+        ];
+        for (name, help, total, metric) in alarmed {
+            out.counter(name, help, total).emf(metric, Unit::Count, Lines::Task).ops(&format!("/counts/{name}"));
+        }
+        let pruned = [
+            ("pruned", "Finished jobs this process deleted after their retention", c.pruned, "/counts/pruned"),
+            (
+                "idempotency_keys_pruned",
+                "Idempotency keys this process deleted after their retention",
+                c.keys_pruned,
+                "/counts/keys_pruned",
+            ),
+            (
+                "stream_events_pruned",
+                "Live-inbox events this process deleted after their retention (age or per-tenant count)",
+                c.stream_events_pruned,
+                "/counts/stream_events_pruned",
+            ),
+            (
+                "webhook_connections_opened",
+                "Connections the webhook client opened",
+                c.client.connections_opened,
+                "/counts/client/connections_opened",
+            ),
+            (
+                "webhook_connections_reused",
+                "Webhook requests sent on a pooled connection",
+                c.client.reused,
+                "/counts/client/reused",
+            ),
+        ];
+        for (name, help, total, pointer) in pruned {
+            out.counter(name, help, total).no_emf(NOT_ALARMED).ops(pointer);
+        }
+        out
+    }
+
+    /// The text exposition of `figures`.
+    pub(crate) fn render(figures: Figures) -> String {
+        let mut registry = Registry::with_prefix("breakwater_worker");
+        registry.register_collector(Box::new(figures));
+        encode(&registry)
     }
 }
 
@@ -204,8 +223,12 @@ impl Metrics {
 /// # Errors
 /// When the listener fails.
 pub async fn serve(listener: tokio::net::TcpListener, worker: Worker, stop: CancellationToken) -> std::io::Result<()> {
-    let app = Router::new().route("/metrics", get(scrape)).route("/health", get(health)).with_state(worker);
-    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
+    axum::serve(listener, router(worker)).with_graceful_shutdown(async move { stop.cancelled().await }).await
+}
+
+/// `GET /metrics` and `GET /health` of `worker`.
+pub fn router(worker: Worker) -> Router {
+    Router::new().route("/metrics", get(scrape)).route("/health", get(health)).with_state(worker)
 }
 
 async fn scrape(State(worker): State<Worker>) -> impl IntoResponse {
@@ -213,5 +236,11 @@ async fn scrape(State(worker): State<Worker>) -> impl IntoResponse {
 }
 
 async fn health(State(worker): State<Worker>) -> impl IntoResponse {
-    axum::Json(serde_json::json!({ "status": "ok", "owner": worker.owner(), "counts": worker.counts() }))
+    let mut body = serde_json::json!({ "status": "ok", "owner": worker.owner() });
+    if let (Some(body), Ok(serde_json::Value::Object(reading))) =
+        (body.as_object_mut(), serde_json::to_value(worker.reading()))
+    {
+        body.extend(reading);
+    }
+    axum::Json(body)
 }

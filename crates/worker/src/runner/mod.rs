@@ -21,7 +21,9 @@ use uuid::Uuid;
 use crate::WorkerOptions;
 use crate::client::WebhookClient;
 use crate::handlers::Handlers;
-use crate::metrics::Metrics;
+use breakwater_telemetry::figures::Figures;
+
+use crate::metrics::{Metrics, Reading};
 use background::{complete_loop, heartbeat_loop, listen_loop, maintenance_loop};
 use claim::claim_loop;
 use counts::Counters;
@@ -80,7 +82,7 @@ impl Worker {
             client: WebhookClient::new(options.client.clone()),
             erase_batch: options.erase_batch,
         };
-        let metrics = Metrics::new(options.concurrency.max(1));
+        let metrics = Metrics::new();
         Self {
             shared: Arc::new(Shared {
                 pool,
@@ -112,10 +114,23 @@ impl Worker {
         self.shared.counts()
     }
 
+    /// What its figures are read from, now (what `/health` answers with).
+    #[must_use]
+    pub fn reading(&self) -> Reading {
+        Reading { counts: self.counts(), held: self.held_count(), slots: self.shared.options.concurrency.max(1) }
+    }
+
+    /// Every figure it publishes, read now: the one list `/metrics`, `/health` and its
+    /// CloudWatch lines are views of.
+    #[must_use]
+    pub fn figures(&self) -> Figures {
+        self.shared.metrics.figures(&self.reading())
+    }
+
     /// Its figures as Prometheus text (what [`crate::metrics::serve`] answers `/metrics` with).
     #[must_use]
     pub fn render_metrics(&self) -> String {
-        self.shared.metrics.render(|| (self.shared.counts(), self.shared.held().len()))
+        Metrics::render(self.figures())
     }
 
     /// Runs until `stop` is cancelled, then shuts down gracefully: claims nothing more, gives
