@@ -67,6 +67,49 @@ fn like_prefix(prefix: &str) -> String {
     out
 }
 
+/// One contacts query: the contact with its conversation count and newest activity (a lateral
+/// join on the conversations' contact index), `$key` selected as the sort key, and `$tail`
+/// appended to the WHERE that keeps the tenant's (`$1`) standing contacts.
+macro_rules! contact_query {
+    ($key:tt, [$($tail:tt)+], $($arg:expr),+) => {
+        sqlx::query_as!(
+            Contact,
+            r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
+                      a.conversation_count AS "conversation_count!", a.last_activity_at, "#
+                + $key
+                + r#" AS "sort_key!"
+               FROM contacts ct
+               CROSS JOIN LATERAL (
+                   SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
+                   FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
+               ) a
+               WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL "#
+                + $($tail)+,
+            $($arg),+
+        )
+    };
+}
+
+/// One page of the contacts list: a search's condition, then the keyset and order on the sort key
+/// `$key` (`COLLATE "C"`, as its index), so each search has its own static query. `$1` tenant,
+/// `$2`/`$3` the keyset boundary, `$4` the row count; search parameters from `$5`.
+macro_rules! contacts_page {
+    ($pool:expr, $key:tt, $search:tt, $($arg:expr),+) => {
+        contact_query!(
+            $key,
+            [$search
+                + " AND ("
+                + $key
+                + r#" COLLATE "C", ct.id) > ($2 COLLATE "C", $3) ORDER BY "#
+                + $key
+                + r#" COLLATE "C", ct.id LIMIT $4"#],
+            $($arg),+
+        )
+        .fetch_all($pool)
+        .await?
+    };
+}
+
 /// A tenant's contacts, keyset-paginated by name (or by email for an email search), each with
 /// their conversation count and newest activity from a lateral join on the conversations'
 /// contact index.
@@ -98,79 +141,27 @@ pub async fn list(
     let n = i64::from(limit) + 1;
     let t = tenant.0;
     let rows = match search {
-        ContactSearch::All => {
-            sqlx::query_as!(
-                Contact,
-                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
-                          a.conversation_count AS "conversation_count!", a.last_activity_at,
-                          lower(ct.name) AS "sort_key!"
-                   FROM contacts ct
-                   CROSS JOIN LATERAL (
-                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
-                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
-                   ) a
-                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL
-                     AND (lower(ct.name) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
-                   ORDER BY lower(ct.name) COLLATE "C", ct.id
-                   LIMIT $4"#,
-                t,
-                key,
-                id,
-                n
-            )
-            .fetch_all(pool)
-            .await?
-        }
-        ContactSearch::NamePrefix(prefix) => {
-            sqlx::query_as!(
-                Contact,
-                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
-                          a.conversation_count AS "conversation_count!", a.last_activity_at,
-                          lower(ct.name) AS "sort_key!"
-                   FROM contacts ct
-                   CROSS JOIN LATERAL (
-                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
-                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
-                   ) a
-                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL
-                     AND lower(ct.name) COLLATE "C" LIKE $5
-                     AND (lower(ct.name) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
-                   ORDER BY lower(ct.name) COLLATE "C", ct.id
-                   LIMIT $4"#,
-                t,
-                key,
-                id,
-                n,
-                like_prefix(prefix)
-            )
-            .fetch_all(pool)
-            .await?
-        }
-        ContactSearch::EmailPrefix(prefix) => {
-            sqlx::query_as!(
-                Contact,
-                r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
-                          a.conversation_count AS "conversation_count!", a.last_activity_at,
-                          lower(ct.email) AS "sort_key!"
-                   FROM contacts ct
-                   CROSS JOIN LATERAL (
-                       SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
-                       FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
-                   ) a
-                   WHERE ct.tenant_id = $1 AND ct.erased_at IS NULL AND ct.email IS NOT NULL
-                     AND lower(ct.email) COLLATE "C" LIKE $5
-                     AND (lower(ct.email) COLLATE "C", ct.id) > ($2 COLLATE "C", $3)
-                   ORDER BY lower(ct.email) COLLATE "C", ct.id
-                   LIMIT $4"#,
-                t,
-                key,
-                id,
-                n,
-                like_prefix(prefix)
-            )
-            .fetch_all(pool)
-            .await?
-        }
+        ContactSearch::All => contacts_page!(pool, "lower(ct.name)", "", t, key, id, n),
+        ContactSearch::NamePrefix(prefix) => contacts_page!(
+            pool,
+            "lower(ct.name)",
+            r#"AND lower(ct.name) COLLATE "C" LIKE $5"#,
+            t,
+            key,
+            id,
+            n,
+            like_prefix(prefix)
+        ),
+        ContactSearch::EmailPrefix(prefix) => contacts_page!(
+            pool,
+            "lower(ct.email)",
+            r#"AND ct.email IS NOT NULL AND lower(ct.email) COLLATE "C" LIKE $5"#,
+            t,
+            key,
+            id,
+            n,
+            like_prefix(prefix)
+        ),
     };
     Ok(Page::from_rows(rows, limit, |c: &Contact| Cursor::Text(c.sort_key.clone(), c.id)))
 }
@@ -181,23 +172,10 @@ pub async fn list(
 /// [`DomainError::NotFound`] when unknown, another tenant's, or erased.
 #[tracing::instrument(name = "db contacts.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Contact> {
-    sqlx::query_as!(
-        Contact,
-        r#"SELECT ct.id, ct.name, ct.email, ct.created_at,
-                  a.conversation_count AS "conversation_count!", a.last_activity_at,
-                  lower(ct.name) AS "sort_key!"
-           FROM contacts ct
-           CROSS JOIN LATERAL (
-               SELECT count(*) AS conversation_count, max(cv.last_activity_at) AS last_activity_at
-               FROM conversations cv WHERE cv.tenant_id = ct.tenant_id AND cv.contact_id = ct.id
-           ) a
-           WHERE ct.tenant_id = $1 AND ct.id = $2 AND ct.erased_at IS NULL"#,
-        tenant.0,
-        id
-    )
-    .fetch_optional(db)
-    .await?
-    .ok_or(DomainError::NotFound)
+    contact_query!("lower(ct.name)", ["AND ct.id = $2"], tenant.0, id)
+        .fetch_optional(db)
+        .await?
+        .ok_or(DomainError::NotFound)
 }
 
 /// Creates a contact.
@@ -281,6 +259,21 @@ pub async fn request_erasure_traced(
 /// `WORKER_ERASE_BATCH`): small enough that no statement holds many locks for long.
 pub const ERASE_BATCH: i64 = 2_000;
 
+/// Runs `$sql`, a DELETE of at most one batch, until it deletes nothing; returns how many rows
+/// it deleted in all.
+macro_rules! delete_in_batches {
+    ($pool:expr, $sql:tt, $($arg:expr),+) => {{
+        let mut deleted = 0;
+        loop {
+            let n = sqlx::query!($sql, $($arg),+).execute($pool).await?.rows_affected();
+            deleted += n;
+            if n == 0 {
+                break deleted;
+            }
+        }
+    }};
+}
+
 /// Deletes an erased contact's messages, conversations and the contact itself, in batches of
 /// `batch` rows so no statement holds many locks for long. Every statement reaches rows through
 /// the foreign-key indexes, never a scan. Safe to run twice, and to resume after a crash. The
@@ -292,46 +285,28 @@ pub const ERASE_BATCH: i64 = 2_000;
 /// A database error; the job is then retried and picks up where it stopped.
 #[tracing::instrument(name = "db contacts.erase", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn erase(pool: &Pool, tenant: TenantId, id: Uuid, batch: i64) -> Result<(u64, u64)> {
-    let mut messages = 0;
-    loop {
-        let deleted = sqlx::query!(
-            "DELETE FROM messages m
-             USING (SELECT m2.tenant_id, m2.id
-                    FROM conversations c
-                    JOIN messages m2 ON m2.tenant_id = c.tenant_id AND m2.conversation_id = c.id
-                    WHERE c.tenant_id = $1 AND c.contact_id = $2
-                    LIMIT $3) doomed
-             WHERE m.tenant_id = doomed.tenant_id AND m.id = doomed.id",
-            tenant.0,
-            id,
-            batch
-        )
-        .execute(pool)
-        .await?
-        .rows_affected();
-        messages += deleted;
-        if deleted == 0 {
-            break;
-        }
-    }
-    let mut conversations = 0;
-    loop {
-        let deleted = sqlx::query!(
-            "DELETE FROM conversations c
-             USING (SELECT id FROM conversations WHERE tenant_id = $1 AND contact_id = $2 LIMIT $3) doomed
-             WHERE c.tenant_id = $1 AND c.id = doomed.id",
-            tenant.0,
-            id,
-            batch
-        )
-        .execute(pool)
-        .await?
-        .rows_affected();
-        conversations += deleted;
-        if deleted == 0 {
-            break;
-        }
-    }
+    let messages = delete_in_batches!(
+        pool,
+        "DELETE FROM messages m
+         USING (SELECT m2.tenant_id, m2.id
+                FROM conversations c
+                JOIN messages m2 ON m2.tenant_id = c.tenant_id AND m2.conversation_id = c.id
+                WHERE c.tenant_id = $1 AND c.contact_id = $2
+                LIMIT $3) doomed
+         WHERE m.tenant_id = doomed.tenant_id AND m.id = doomed.id",
+        tenant.0,
+        id,
+        batch
+    );
+    let conversations = delete_in_batches!(
+        pool,
+        "DELETE FROM conversations c
+         USING (SELECT id FROM conversations WHERE tenant_id = $1 AND contact_id = $2 LIMIT $3) doomed
+         WHERE c.tenant_id = $1 AND c.id = doomed.id",
+        tenant.0,
+        id,
+        batch
+    );
     sqlx::query!("DELETE FROM contacts WHERE tenant_id = $1 AND id = $2 AND erased_at IS NOT NULL", tenant.0, id)
         .execute(pool)
         .await?;

@@ -100,10 +100,18 @@ pub struct NewConversation {
     pub status: ConversationStatus,
 }
 
-/// One inbox query: the shared SELECT, one filter fragment, the shared keyset and sort.
-/// `$1` tenant, `$2`/`$3` the keyset boundary, `$4` the row count; filter parameters from `$5`.
-macro_rules! inbox_query {
-    ($pool:expr, $filter:tt, $($arg:expr),+) => {
+impl NewConversation {
+    /// An open conversation nobody is assigned to: how a contact's first message arrives.
+    #[must_use]
+    pub fn open(contact_id: Uuid, inbox_id: Uuid) -> Self {
+        Self { contact_id, inbox_id, assignee_id: None, status: ConversationStatus::Open }
+    }
+}
+
+/// One conversation query: the conversation as the inbox shows it, of the tenant (`$1`) and
+/// with its contact standing, `$tail` appended to the WHERE.
+macro_rules! conversation_query {
+    ([$($tail:tt)+], $($arg:expr),+) => {
         sqlx::query_as!(
             Conversation,
             r#"SELECT c.id, c.inbox_id, c.contact_id, ct.name AS contact_name, c.assignee_id,
@@ -111,10 +119,21 @@ macro_rules! inbox_query {
                       c.last_message_preview, c.message_count
                FROM conversations c
                JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
-               WHERE c.tenant_id = $1 AND ct.erased_at IS NULL
-                 AND (c.last_activity_at, c.id) < ($2, $3) "#
+               WHERE c.tenant_id = $1 AND ct.erased_at IS NULL "#
+                + $($tail)+,
+            $($arg),+
+        )
+    };
+}
+
+/// One inbox query: the conversation SELECT, one filter fragment, the shared keyset and sort.
+/// `$1` tenant, `$2`/`$3` the keyset boundary, `$4` the row count; filter parameters from `$5`.
+macro_rules! inbox_query {
+    ($pool:expr, $filter:tt, $($arg:expr),+) => {
+        conversation_query!(
+            ["AND (c.last_activity_at, c.id) < ($2, $3) "
                 + $filter
-                + r#" ORDER BY c.last_activity_at DESC, c.id DESC LIMIT $4"#,
+                + " ORDER BY c.last_activity_at DESC, c.id DESC LIMIT $4"],
             $($arg),+
         )
         .fetch_all($pool)
@@ -172,20 +191,7 @@ pub async fn list(
 /// As above, or a database error.
 #[tracing::instrument(name = "db conversations.get", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn get<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, id: Uuid) -> Result<Conversation> {
-    sqlx::query_as!(
-        Conversation,
-        r#"SELECT c.id, c.inbox_id, c.contact_id, ct.name AS contact_name, c.assignee_id,
-                  c.status AS "status: ConversationStatus", c.created_at, c.last_activity_at,
-                  c.last_message_preview, c.message_count
-           FROM conversations c
-           JOIN contacts ct ON ct.tenant_id = c.tenant_id AND ct.id = c.contact_id
-           WHERE c.tenant_id = $1 AND c.id = $2 AND ct.erased_at IS NULL"#,
-        tenant.0,
-        id
-    )
-    .fetch_optional(db)
-    .await?
-    .ok_or(DomainError::NotFound)
+    conversation_query!(["AND c.id = $2"], tenant.0, id).fetch_optional(db).await?.ok_or(DomainError::NotFound)
 }
 
 /// Opens a conversation between one of the tenant's contacts and one of its inboxes, counts it,

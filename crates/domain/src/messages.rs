@@ -79,6 +79,25 @@ async fn visible<'e>(db: impl sqlx::PgExecutor<'e>, tenant: TenantId, conversati
     found.map(|_| ()).ok_or(DomainError::NotFound)
 }
 
+/// One page of a conversation's messages: `$order` is the order's keyset comparison and sort,
+/// so each order has its own static query. `$1` tenant, `$2` conversation, `$3`/`$4` the keyset
+/// boundary, `$5` the row count.
+macro_rules! messages_page {
+    ($conn:expr, $order:tt, $($arg:expr),+) => {
+        sqlx::query_as!(
+            Message,
+            r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
+               FROM messages
+               WHERE tenant_id = $1 AND conversation_id = $2 AND "#
+                + $order
+                + " LIMIT $5",
+            $($arg),+
+        )
+        .fetch_all($conn)
+        .await?
+    };
+}
+
 /// A conversation's messages, keyset-paginated in either order.
 ///
 /// # Errors
@@ -101,37 +120,27 @@ pub async fn list(
     let rows = match order {
         Order::Asc => {
             let (at, id) = boundary.unwrap_or_else(start::oldest);
-            sqlx::query_as!(
-                Message,
-                r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
-                   FROM messages
-                   WHERE tenant_id = $1 AND conversation_id = $2 AND (created_at, id) > ($3, $4)
-                   ORDER BY created_at, id LIMIT $5"#,
+            messages_page!(
+                &mut *conn,
+                "(created_at, id) > ($3, $4) ORDER BY created_at, id",
                 tenant.0,
                 conversation,
                 at,
                 id,
                 n
             )
-            .fetch_all(&mut *conn)
-            .await?
         }
         Order::Desc => {
             let (at, id) = boundary.unwrap_or_else(start::newest);
-            sqlx::query_as!(
-                Message,
-                r#"SELECT id, conversation_id, sender AS "sender: MessageSender", author_id, body, created_at
-                   FROM messages
-                   WHERE tenant_id = $1 AND conversation_id = $2 AND (created_at, id) < ($3, $4)
-                   ORDER BY created_at DESC, id DESC LIMIT $5"#,
+            messages_page!(
+                &mut *conn,
+                "(created_at, id) < ($3, $4) ORDER BY created_at DESC, id DESC",
                 tenant.0,
                 conversation,
                 at,
                 id,
                 n
             )
-            .fetch_all(&mut *conn)
-            .await?
         }
     };
     Ok(Page::from_rows(rows, limit, Message::cursor))

@@ -51,6 +51,25 @@ pub async fn rescue(pool: &Pool, batch: i64) -> Result<Rescued> {
     Ok(rescued)
 }
 
+/// Deletes up to `$batch` jobs in `$state` (an SQL literal, so each state has its own static
+/// query) finished more than `$after_seconds` ago; returns how many.
+macro_rules! prune_query {
+    ($pool:expr, $state:tt, $after_seconds:expr, $batch:expr) => {
+        sqlx::query!(
+            "DELETE FROM jobs WHERE id IN (
+                 SELECT id FROM jobs
+                 WHERE finished_at < now() - make_interval(secs => $1) AND state = "
+                + $state
+                + " LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            $after_seconds,
+            $batch
+        )
+        .execute($pool)
+        .await?
+        .rows_affected()
+    };
+}
+
 /// Deletes up to `batch` completed jobs finished more than `completed_after_seconds` ago and
 /// dead ones finished more than `dead_after_seconds` ago; returns how many. Call it until it
 /// returns less than `2 * batch`.
@@ -59,27 +78,7 @@ pub async fn rescue(pool: &Pool, batch: i64) -> Result<Rescued> {
 /// A database error.
 #[tracing::instrument(level = "debug", name = "db jobs.prune", skip_all, fields(otel.kind = "client", db.system.name = "postgresql"))]
 pub async fn prune(pool: &Pool, completed_after_seconds: f64, dead_after_seconds: f64, batch: i64) -> Result<u64> {
-    let completed = sqlx::query!(
-        "DELETE FROM jobs WHERE id IN (
-             SELECT id FROM jobs
-             WHERE finished_at < now() - make_interval(secs => $1) AND state = 'completed'
-             LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        completed_after_seconds,
-        batch
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    let dead = sqlx::query!(
-        "DELETE FROM jobs WHERE id IN (
-             SELECT id FROM jobs
-             WHERE finished_at < now() - make_interval(secs => $1) AND state = 'dead'
-             LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        dead_after_seconds,
-        batch
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
+    let completed = prune_query!(pool, "'completed'", completed_after_seconds, batch);
+    let dead = prune_query!(pool, "'dead'", dead_after_seconds, batch);
     Ok(completed + dead)
 }

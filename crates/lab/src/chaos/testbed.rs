@@ -163,7 +163,7 @@ impl Testbed {
 /// A tenant with eight open conversations, and a token of its user with `role`.
 pub(super) async fn make_tenant(pool: &sqlx::PgPool, bin: &Path, name: &str, role: &str) -> anyhow::Result<TenantData> {
     use breakwater_domain::contacts::{self, NewContact};
-    use breakwater_domain::conversations::{self, ConversationStatus, NewConversation};
+    use breakwater_domain::conversations::{self, NewConversation};
     use breakwater_domain::tenants::{self, Role};
     let tenant = tenants::create_tenant(pool, name).await?;
     let user = tenants::create_user(pool, tenant, "Chaos Admin", "admin@chaos.example", Role::Admin).await?;
@@ -176,17 +176,7 @@ pub(super) async fn make_tenant(pool: &sqlx::PgPool, bin: &Path, name: &str, rol
             NewContact { name: format!("Contact {i}"), email: Some(format!("c{i}@chaos.example")) },
         )
         .await?;
-        let conv = conversations::create(
-            pool,
-            tenant,
-            NewConversation {
-                contact_id: contact.id,
-                inbox_id: inbox,
-                assignee_id: None,
-                status: ConversationStatus::Open,
-            },
-        )
-        .await?;
+        let conv = conversations::create(pool, tenant, NewConversation::open(contact.id, inbox)).await?;
         conversations.push(conv.id);
     }
     let out = Command::new(bin.join("breakwater-api"))

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use breakwater_domain::contacts::{self, NewContact};
-use breakwater_domain::conversations::{self, ConversationStatus, NewConversation};
+use breakwater_domain::conversations::{self, NewConversation};
 use breakwater_domain::jobs;
 use breakwater_domain::tenants::{self, Role};
 use breakwater_domain::webhooks::{self, WebhookPolicy, WebhookUrl};
@@ -149,18 +149,7 @@ pub async fn fixture(pool: &Pool, url: &str, conversations: usize) -> Fixture {
     let contact = contacts::create(pool, tenant, NewContact { name: "Carl".into(), email: None }).await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..conversations {
-        let c = conversations::create(
-            pool,
-            tenant,
-            NewConversation {
-                contact_id: contact.id,
-                inbox_id: inbox,
-                assignee_id: None,
-                status: ConversationStatus::Open,
-            },
-        )
-        .await
-        .unwrap();
+        let c = conversations::create(pool, tenant, NewConversation::open(contact.id, inbox)).await.unwrap();
         ids.push(c.id);
     }
     Fixture { tenant, agent, inbox, conversations: ids, secret }
