@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from tally import Checks, failures
+
 BASE = Path("docker-compose.yml")
 OVERLAY = Path("compose.fargate.yml")
 # Sequences that compose replaces instead of appending.
@@ -98,19 +100,6 @@ def parse_secs(value) -> float:
     return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
 
 
-class Checks:
-    def __init__(self) -> None:
-        self.passed, self.failed = 0, 0
-
-    def check(self, ok: bool, what: str) -> None:
-        if ok:
-            self.passed += 1
-            print(f"  ok    {what}")
-        else:
-            self.failed += 1
-            print(f"  FAIL  {what}")
-
-
 def run(base, overlay, c: Checks) -> dict:
     merged = merge(base, overlay)
     services = merged.get("services", {})
@@ -184,14 +173,7 @@ def self_test() -> None:
     ):
         bad = copy.deepcopy(overlay)
         mutate(bad)
-        quiet = Checks()
-        stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
-        try:
-            run(base, bad, quiet)
-        finally:
-            sys.stdout.close()
-            sys.stdout = stdout
-        assert quiet.failed > 0, "a broken overlay passed the checks"
+        assert failures(run, base, bad) > 0, "a broken overlay passed the checks"
 
 
 def main() -> int:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import yaml
+
+from tally import Checks, failures
 
 ROOT = Path("infra/cloudformation")
 # Deploy order: a stack may import only what an earlier one exports.
@@ -144,25 +145,6 @@ def imports(node, found: list) -> list:
         for v in node:
             imports(v, found)
     return found
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.passed, self.failed = 0, 0
-
-    def check(self, ok: bool, what: str) -> None:
-        if ok:
-            self.passed += 1
-            print(f"  ok    {what}")
-        else:
-            self.failed += 1
-            print(f"  FAIL  {what}")
-
-    def guard(self, what: str, fn) -> None:
-        try:
-            self.check(bool(fn()), what)
-        except (AssertionError, KeyError, TypeError, ValueError, IndexError) as e:
-            self.check(False, f"{what} ({type(e).__name__}: {e})")
 
 
 def run(ts: dict[str, dict], c: Checks) -> None:
@@ -514,14 +496,7 @@ def self_test(ts: dict[str, dict]) -> None:
     for what, mutate in mutations.items():
         bad = copy.deepcopy(ts)
         mutate(bad)
-        quiet = Checks()
-        stdout, sys.stdout = sys.stdout, open(os.devnull, "w")
-        try:
-            run(bad, quiet)
-        finally:
-            sys.stdout.close()
-            sys.stdout = stdout
-        assert quiet.failed > 0, f"self-test: '{what}' went unnoticed"
+        assert failures(run, bad) > 0, f"self-test: '{what}' went unnoticed"
 
 
 def main() -> int:

@@ -101,6 +101,8 @@ fn bench(c: &mut Criterion) {
     group.bench_function("refused_decision_only", |b| {
         b.iter(|| black_box(refused.call(request())));
     });
+    // Alike the refusal in refusal.rs's unit tests: a bench cannot reach that `#[cfg(test)]`
+    // helper, and a public constructor for tests and benches alone would widen the crate's API.
     let refusal = Refusal {
         reason: RefusalReason::QueueFull,
         class: ClassId::DEFAULT,

@@ -66,6 +66,9 @@ pub struct ClassSnapshot {
 }
 
 /// Everything admission knows, for `/v1/ops/status` (serialize it) and `/metrics`.
+// Many fields repeat `ClassSnapshot`'s on purpose: they are the same figures summed over the
+// classes, read as `snapshot.in_flight` and serialized flat; a shared nested struct would move
+// every one of them in the API's JSON and in every reader.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Snapshot {
     /// Adaptive, static or off.

@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use breakwater_admission::{Admission, AdmissionConfig, ClassConfig, ClassId, Mode, Refusal, RefusalReason, Route};
 use bytes::Bytes;
-use common::{Body, admitted, request};
+use common::{Admitted, Body, admitted, request};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -117,20 +118,55 @@ impl http_body::Body for Streamed {
     }
 }
 
-#[tokio::test]
-async fn the_slot_is_held_until_the_body_has_been_sent() {
-    let a = admission(static_config(1, 4));
+/// One request through `a` to a handler that returns at once with a [`Streamed`] body (marked
+/// [`breakwater_admission::LongLived`] when `long_lived`): the response, and the sender that feeds
+/// its body.
+async fn streamed_response(
+    a: &Admission,
+    long_lived: bool,
+) -> (mpsc::Sender<Bytes>, Response<breakwater_admission::AdmissionBody<Streamed>>) {
     let (tx, rx) = mpsc::channel(4);
     let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
     let inner = tower::service_fn(move |_req: Request<Body>| {
         let body = rx.lock().ok().and_then(|mut r| r.take());
         async move {
             let Some(rx) = body else { panic!("one call only") };
-            Ok::<_, Infallible>(Response::new(Streamed(rx)))
+            let mut res = Response::new(Streamed(rx));
+            if long_lived {
+                res.extensions_mut().insert(breakwater_admission::LongLived);
+            }
+            Ok::<_, Infallible>(res)
         }
     });
     let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
     let Ok(res) = svc.oneshot(request("/", None)).await;
+    (tx, res)
+}
+
+/// A layer with one slot and `queue` places over a [`Gate`], and a request from `tenant` that
+/// holds the slot (in the handler, until the gate opens).
+async fn one_slot_held(
+    queue: usize,
+    tenant: Option<u64>,
+) -> (Admission, Gate, Admitted<Gate>, JoinHandle<(StatusCode, Option<Refusal>)>) {
+    let a = admission(static_config(1, queue));
+    let gate = Gate::new();
+    let svc = admitted(&a, gate.clone());
+    let holder = tokio::spawn(status(svc.clone(), request("/", tenant)));
+    run_pending().await;
+    (a, gate, svc, holder)
+}
+
+/// One request from `tenant`: why it was refused (`None` when served) and when, from `t0`.
+async fn timed(svc: Admitted<Gate>, tenant: Option<u64>, t0: Instant) -> (Option<RefusalReason>, Duration) {
+    let out = status(svc, request("/", tenant)).await;
+    (out.1.map(|r| r.reason), t0.elapsed())
+}
+
+#[tokio::test]
+async fn the_slot_is_held_until_the_body_has_been_sent() {
+    let a = admission(static_config(1, 4));
+    let (tx, res) = streamed_response(&a, false).await;
     assert_eq!(in_flight(&a), 1, "the handler returned but the body is not sent");
     let mut body = res.into_body();
     let _ = tx.send(Bytes::from_static(b"part")).await;
@@ -145,19 +181,7 @@ async fn the_slot_is_held_until_the_body_has_been_sent() {
 #[tokio::test]
 async fn a_long_lived_response_frees_its_slot_with_its_head() {
     let a = admission(static_config(1, 0));
-    let (tx, rx) = mpsc::channel(4);
-    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
-    let inner = tower::service_fn(move |_req: Request<Body>| {
-        let body = rx.lock().ok().and_then(|mut r| r.take());
-        async move {
-            let Some(rx) = body else { panic!("one call only") };
-            let mut res = Response::new(Streamed(rx));
-            res.extensions_mut().insert(breakwater_admission::LongLived);
-            Ok::<_, Infallible>(res)
-        }
-    });
-    let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
-    let Ok(res) = svc.oneshot(request("/", None)).await;
+    let (tx, res) = streamed_response(&a, true).await;
     assert_eq!(in_flight(&a), 0, "a stream's head is its request's end");
     assert_eq!(a.snapshot().admitted_total, 1);
     assert!(a.snapshot().p50_ms.is_some(), "the time to its head is a latency sample");
@@ -171,17 +195,7 @@ async fn a_long_lived_response_frees_its_slot_with_its_head() {
 #[tokio::test]
 async fn a_body_dropped_midway_frees_the_slot() {
     let a = admission(static_config(1, 4));
-    let (tx, rx) = mpsc::channel(4);
-    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
-    let inner = tower::service_fn(move |_req: Request<Body>| {
-        let body = rx.lock().ok().and_then(|mut r| r.take());
-        async move {
-            let Some(rx) = body else { panic!("one call only") };
-            Ok::<_, Infallible>(Response::new(Streamed(rx)))
-        }
-    });
-    let svc = a.layer(|_: &Request<Body>| Route::Class(ClassId::DEFAULT), |_: &Request<Body>| None).layer(inner);
-    let Ok(res) = svc.oneshot(request("/", None)).await;
+    let (tx, res) = streamed_response(&a, false).await;
     let _ = tx.send(Bytes::from_static(b"part")).await;
     let mut body = res.into_body();
     assert!(body.frame().await.is_some());
@@ -205,10 +219,7 @@ async fn a_panicking_handler_frees_its_slot_for_the_next_waiter() {
 
 #[tokio::test]
 async fn a_client_disconnect_frees_the_slot_and_the_queue_place() {
-    let a = admission(static_config(1, 4));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let holder = tokio::spawn(status(svc.clone(), request("/", None)));
+    let (a, gate, svc, holder) = one_slot_held(4, None).await;
     let waiter = tokio::spawn(status(svc.clone(), request("/", None)));
     run_pending().await;
     assert_eq!((in_flight(&a), queued(&a)), (1, 1));
@@ -223,11 +234,7 @@ async fn a_client_disconnect_frees_the_slot_and_the_queue_place() {
 
 #[tokio::test]
 async fn a_slot_granted_to_a_waiter_that_left_passes_to_the_next() {
-    let a = admission(static_config(1, 4));
-    let gate = Gate::new();
-    let mut svc = admitted(&a, gate.clone());
-    let holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    run_pending().await;
+    let (a, gate, mut svc, holder) = one_slot_held(4, None).await;
     // Two queued futures, never polled: the first is granted the slot, then dropped unpolled.
     let first = svc.call(request("/", None));
     let second = svc.call(request("/", None));
@@ -295,17 +302,9 @@ async fn over_a_buffer_an_exhausted_coop_budget_is_not_overload() {
 
 #[tokio::test(start_paused = true)]
 async fn the_queue_honours_its_bound_and_its_max_wait() {
-    let a = admission(static_config(1, 4));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    run_pending().await;
+    let (a, _gate, svc, _holder) = one_slot_held(4, None).await;
     let t0 = Instant::now();
-    let timed = |svc: common::Admitted<Gate>| async move {
-        let out = status(svc, request("/", None)).await;
-        (out.1.map(|r| r.reason), t0.elapsed())
-    };
-    let tries: Vec<_> = (0..7).map(|_| tokio::spawn(timed(svc.clone()))).collect();
+    let tries: Vec<_> = (0..7).map(|_| tokio::spawn(timed(svc.clone(), None, t0))).collect();
     let mut results = Vec::new();
     for t in tries {
         results.extend(t.await.ok());
@@ -324,24 +323,14 @@ async fn the_queue_honours_its_bound_and_its_max_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn sustained_overload_shortens_the_wait_and_the_queue_of_the_tenant_causing_it() {
-    let a = admission(static_config(1, 8));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", Some(1))));
-    run_pending().await;
+    let (_a, _gate, svc, _holder) = one_slot_held(8, Some(1)).await;
     // Nobody found a free slot for longer than the CoDel interval: sustained overload, and
     // another tenant is waiting, so it is at that tenant's expense.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let _light = tokio::spawn(status(svc.clone(), request("/", Some(2))));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let t0 = Instant::now();
-    let late = {
-        let svc = svc.clone();
-        tokio::spawn(async move {
-            let out = status(svc, request("/", Some(1))).await;
-            (out.1.map(|r| r.reason), t0.elapsed())
-        })
-    };
+    let late = tokio::spawn(timed(svc.clone(), Some(1), t0));
     let (reason, waited) = late.await.unwrap_or((None, Duration::MAX));
     assert_eq!(reason, Some(RefusalReason::QueueTimeout));
     assert_eq!(waited, Duration::from_millis(5), "the overload wait, not the 100 ms max");
@@ -350,12 +339,7 @@ async fn sustained_overload_shortens_the_wait_and_the_queue_of_the_tenant_causin
     // slot's worth): its further arrivals are refused at once instead of after the wait.
     let mut waiters = Vec::new();
     for _ in 0..3 {
-        let svc = svc.clone();
-        let t = Instant::now();
-        waiters.push(tokio::spawn(async move {
-            let out = status(svc, request("/", Some(1))).await;
-            (out.1.map(|r| r.reason), t.elapsed())
-        }));
+        waiters.push(tokio::spawn(timed(svc.clone(), Some(1), Instant::now())));
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let mut outcomes = Vec::new();
@@ -370,17 +354,10 @@ async fn sustained_overload_shortens_the_wait_and_the_queue_of_the_tenant_causin
 /// overload it keeps the normal wait, so work that the target could carry is not refused.
 #[tokio::test(start_paused = true)]
 async fn a_tenant_alone_in_sustained_overload_keeps_the_normal_wait() {
-    let a = admission(static_config(1, 8));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    run_pending().await;
+    let (_a, _gate, svc, _holder) = one_slot_held(8, None).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let t0 = Instant::now();
-    let late = tokio::spawn(async move {
-        let out = status(svc, request("/", None)).await;
-        (out.1.map(|r| r.reason), t0.elapsed())
-    });
+    let late = tokio::spawn(timed(svc, None, t0));
     let (reason, waited) = late.await.unwrap_or((None, Duration::MAX));
     assert_eq!((reason, waited), (Some(RefusalReason::QueueTimeout), Duration::from_millis(100)));
 }
@@ -391,11 +368,7 @@ async fn a_tenant_alone_in_sustained_overload_keeps_the_normal_wait() {
 /// first still waits.
 #[tokio::test(start_paused = true)]
 async fn in_sustained_overload_a_light_tenant_keeps_the_normal_wait() {
-    let a = admission(static_config(1, 8));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", Some(1))));
-    run_pending().await;
+    let (_a, gate, svc, _holder) = one_slot_held(8, Some(1)).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let t0 = Instant::now();
     let timed = |svc: common::Admitted<Gate>, tenant: u64| async move {
@@ -442,10 +415,7 @@ async fn control_tower_load_shed_over_a_buffer_sheds_spuriously() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_that_cannot_be_met_is_refused_at_the_door() {
-    let a = admission(static_config(1, 8));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
+    let (a, _gate, svc, _holder) = one_slot_held(8, None).await;
     let _queued: Vec<_> = (0..3).map(|_| tokio::spawn(status(svc.clone(), request("/", None)))).collect();
     run_pending().await;
     // Before any measurement the drain rate is guessed as limit / target = 5/s: 4 ahead = 0.8 s.
@@ -472,11 +442,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_the_door() {
 
 #[tokio::test]
 async fn bypass_routes_are_never_counted_queued_or_refused() {
-    let a = admission(static_config(1, 0));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    run_pending().await;
+    let (a, gate, svc, _holder) = one_slot_held(0, None).await;
     assert_eq!(status(svc.clone(), request("/", None)).await.0, StatusCode::SERVICE_UNAVAILABLE);
     gate.open.add_permits(2); // the holder's and the health check's
     let (code, refusal) = status(svc, request("/health", None)).await;
@@ -518,11 +484,7 @@ async fn cheap_reads_do_not_wait_behind_saturated_lists() {
 
 #[tokio::test]
 async fn a_refusal_is_a_typed_503_with_retry_after() {
-    let a = admission(static_config(1, 0));
-    let gate = Gate::new();
-    let svc = admitted(&a, gate.clone());
-    let _holder = tokio::spawn(status(svc.clone(), request("/", None)));
-    run_pending().await;
+    let (_a, _gate, svc, _holder) = one_slot_held(0, None).await;
     let Ok(res) = svc.oneshot(request("/", None)).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     let header = |name| res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);

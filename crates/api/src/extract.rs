@@ -61,6 +61,10 @@ where
     }
 }
 
+// `Json`, `Path` and `Query` share a shape, not logic: each wraps its own axum extractor (of
+// the body or of the parts) and maps its own rejections; a macro over three short impls would
+// hide exactly what differs.
+
 /// `axum::extract::Query`, rejecting with the envelope (400 naming the bad parameter).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Query<T>(pub T);

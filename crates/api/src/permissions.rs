@@ -25,6 +25,7 @@ const fn allow(method: Method, path: &'static str, role: Role) -> Permission {
 }
 
 /// Every tenant operation. Erasure is irreversible and is an admin's alone.
+// A table: its rows look alike because each is one operation's entry.
 pub static PERMISSIONS: [Permission; 12] = [
     allow(Method::GET, "/v1/conversations", Role::Agent),
     allow(Method::GET, "/v1/conversations/counts", Role::Agent),

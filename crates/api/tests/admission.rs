@@ -12,20 +12,9 @@ use sqlx::PgPool;
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn a_saturated_api_refuses_fast_with_the_envelope_and_health_still_answers(pool: PgPool) {
-    let app = spawn_with(
-        pool.clone(),
-        &[
-            "--admission",
-            "static",
-            "--admission-static-limit",
-            "1",
-            "--admission-queue",
-            "1",
-            "--admission-max-wait-ms",
-            "200",
-        ],
-    )
-    .await;
+    let mut args = common::ONE_STATIC_SLOT.to_vec();
+    args.extend(["--admission-queue", "1", "--admission-max-wait-ms", "200"]);
+    let app = spawn_with(pool.clone(), &args).await;
     let t = tenant(&pool, "Acme").await;
     let ann = t.contact(&app, "Ann", "ann@example.com").await;
     let conv = t.conversation(&app, ann).await;

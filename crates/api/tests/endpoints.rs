@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{TestApp, id_of, spawn, tenant, walk};
+use common::{Reply, Tenant, TestApp, id_of, spawn, tenant, walk};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -47,14 +47,13 @@ async fn a_client_request_id_is_echoed(pool: PgPool) {
     assert_eq!(r.headers["x-request-id"], "abc-123");
 }
 
-#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
-async fn conversations_open_show_update_and_filter(pool: PgPool) {
-    let app = spawn(pool.clone()).await;
-    let t = tenant(&pool, "Acme").await;
-    let ann = t.contact(&app, "Ann", "ann@example.com").await;
-    let bob = t.contact(&app, "Bob", "bob@example.com").await;
-
-    let c1 = t.conversation(&app, ann).await;
+/// Ann's and Bob's conversations: Ann's opened with the defaults (`c1`: open, unassigned, the
+/// first inbox), Bob's with every field (pending, the agent's, the other inbox). Returns Ann, Bob,
+/// `c1` and the reply that opened Bob's.
+async fn ann_and_bob(app: &TestApp, t: &Tenant) -> (Uuid, Uuid, Uuid, Reply) {
+    let ann = t.contact(app, "Ann", "ann@example.com").await;
+    let bob = t.contact(app, "Bob", "bob@example.com").await;
+    let c1 = t.conversation(app, ann).await;
     let r = app
         .post(
             "/v1/conversations",
@@ -63,6 +62,14 @@ async fn conversations_open_show_update_and_filter(pool: PgPool) {
         )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    (ann, bob, c1, r)
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn conversations_open_show_update_and_filter(pool: PgPool) {
+    let app = spawn(pool.clone()).await;
+    let t = tenant(&pool, "Acme").await;
+    let (ann, _bob, c1, r) = ann_and_bob(&app, &t).await;
     let c2 = id_of(&r.body);
     assert_eq!(r.body["contact_name"], "Bob");
     assert_eq!(r.body["status"], "pending");
@@ -73,7 +80,7 @@ async fn conversations_open_show_update_and_filter(pool: PgPool) {
     assert_eq!(r.body["assignee_id"], serde_json::Value::Null);
 
     // Filters: each shape answers exactly its conversations.
-    let ids = |r: &common::Reply| r.items().iter().map(id_of).collect::<Vec<_>>();
+    let ids = |r: &Reply| r.items().iter().map(id_of).collect::<Vec<_>>();
     assert_eq!(ids(&app.get("/v1/conversations", &t.token).await), vec![c2, c1], "newest first");
     assert_eq!(ids(&app.get("/v1/conversations?status=open", &t.token).await), vec![c1]);
     assert_eq!(ids(&app.get("/v1/conversations?status=pending", &t.token).await), vec![c2]);
@@ -132,17 +139,7 @@ async fn counts(app: &TestApp, token: &str, query: &str) -> [(i64, i64, i64); 3]
 async fn counts_follow_opens_changes_and_erasures(pool: PgPool) {
     let app = spawn(pool.clone()).await;
     let t = tenant(&pool, "Acme").await;
-    let ann = t.contact(&app, "Ann", "ann@example.com").await;
-    let bob = t.contact(&app, "Bob", "bob@example.com").await;
-    let c1 = t.conversation(&app, ann).await;
-    let r = app
-        .post(
-            "/v1/conversations",
-            &t.token,
-            json!({"contact_id": bob, "inbox_id": t.other_inbox, "assignee_id": t.agent.0, "status": "pending"}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let (_ann, bob, c1, _) = ann_and_bob(&app, &t).await;
     assert_eq!(counts(&app, &t.agent_token, "").await, [(1, 0, 1), (1, 1, 0), (0, 0, 0)]);
     // "mine" is the caller's: the admin holds none.
     assert_eq!(counts(&app, &t.token, "").await, [(1, 0, 1), (1, 0, 0), (0, 0, 0)]);

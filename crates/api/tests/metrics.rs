@@ -67,31 +67,25 @@ async fn scrape(app: &TestApp) -> Vec<Sample> {
 
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn a_burst_shows_up_in_the_admission_throttle_pool_and_queue_series(pool: PgPool) {
-    let app = spawn_with(
-        pool.clone(),
-        &[
-            // One request at a time in the default class, nobody waits: a second one is shed.
-            "--admission",
-            "static",
-            "--admission-static-limit",
-            "1",
-            "--admission-queue",
-            "0",
-            // Three requests per user, then (for a hundred seconds) none.
-            "--throttle-user-rate",
-            "0.01",
-            "--throttle-user-burst",
-            "3",
-            "--db-pool-size",
-            "3",
-            // Fresh queue figures on every scrape, however slow the machine.
-            "--jobs-stats-ttl-ms",
-            "0",
-            "--jobs-stats-timeout-ms",
-            "10000",
-        ],
-    )
-    .await;
+    // One request at a time in the default class, nobody waits: a second one is shed.
+    let mut args = common::ONE_STATIC_SLOT.to_vec();
+    args.extend([
+        "--admission-queue",
+        "0",
+        // Three requests per user, then (for a hundred seconds) none.
+        "--throttle-user-rate",
+        "0.01",
+        "--throttle-user-burst",
+        "3",
+        "--db-pool-size",
+        "3",
+        // Fresh queue figures on every scrape, however slow the machine.
+        "--jobs-stats-ttl-ms",
+        "0",
+        "--jobs-stats-timeout-ms",
+        "10000",
+    ]);
+    let app = spawn_with(pool.clone(), &args).await;
     let t = tenant(&pool, "Acme").await;
     let new = |name: &str, email: &str| NewContact { name: name.into(), email: Some(email.into()) };
     let ann = contacts::create(&pool, t.id, new("Ann", "ann@example.com")).await.expect("contact").id;

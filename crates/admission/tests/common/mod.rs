@@ -152,12 +152,16 @@ where
     let Ok(res) = svc.oneshot(req).await else { panic!("service failed") };
     let status = res.status().as_u16();
     let reason = res.extensions().get::<Refusal>().map(|r| r.reason);
-    let retry_after = res.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
+    let retry_after = retry_after(&res);
     let _ = res.into_body().collect().await;
     let record = Record { sent, latency: sent.elapsed(), status, tenant, reason, retry_after };
     if let Ok(mut log) = log.lock() {
         log.push(record);
     }
+}
+
+fn retry_after<B>(res: &Response<B>) -> Option<u32> {
+    res.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok())
 }
 
 pub fn request(path: &str, tenant: Option<u64>) -> Request<Body> {
@@ -295,6 +299,40 @@ where
     }
 }
 
+/// `callers` closed-loop callers, each `caller(svc, c)` (`c` counting from 0) on a task of its own.
+fn closed_loop<S, T, F, Fut>(svc: &S, callers: usize, caller: F) -> tokio::task::JoinSet<T>
+where
+    S: Clone,
+    F: Fn(S, usize) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..callers {
+        tasks.spawn(caller(svc.clone(), c));
+    }
+    tasks
+}
+
+/// One request from `caller` as `tenant`, read to the end: its status and its `Retry-After`.
+async fn call_as<S>(svc: S, tenant: usize, caller: usize) -> (http::StatusCode, Option<u32>)
+where
+    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>>,
+    S::Error: std::fmt::Debug,
+{
+    let req = Request::builder()
+        .uri("/")
+        .header("x-tenant", tenant.to_string())
+        .header("x-caller", caller.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap_or_default();
+    let Ok(res) = svc.oneshot(req).await else { panic!("service failed") };
+    let status = res.status();
+    let retry_after = retry_after(&res);
+    let _ = res.into_body().collect().await;
+    (status, retry_after)
+}
+
 /// `callers` closed-loop callers that ignore `Retry-After`: each sends its next request as soon
 /// as the last is answered, for `duration`. All of them one caller and one tenant, like one
 /// token's worth of k6 VUs. Returns the 200s answered at or after `from`.
@@ -305,28 +343,16 @@ where
     S::Error: std::fmt::Debug + Send,
 {
     let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..callers {
-        let svc = svc.clone();
-        tasks.spawn(async move {
-            let mut ok = 0;
-            while start.elapsed() < duration {
-                let req = Request::builder()
-                    .uri("/")
-                    .header("x-tenant", "1")
-                    .header("x-caller", "1")
-                    .body(Full::new(Bytes::new()))
-                    .unwrap_or_default();
-                let Ok(res) = svc.clone().oneshot(req).await else { panic!("service failed") };
-                let status = res.status();
-                let _ = res.into_body().collect().await;
-                if status == http::StatusCode::OK && start.elapsed() >= from {
-                    ok += 1;
-                }
+    let mut tasks = closed_loop(svc, callers, |svc, _| async move {
+        let mut ok = 0;
+        while start.elapsed() < duration {
+            let (status, _) = call_as(svc.clone(), 1, 1).await;
+            if status == http::StatusCode::OK && start.elapsed() >= from {
+                ok += 1;
             }
-            ok
-        });
-    }
+        }
+        ok
+    });
     let mut ok = 0;
     while let Some(n) = tasks.join_next().await {
         ok += n.unwrap_or(0);
@@ -348,9 +374,9 @@ pub struct Honoured {
 
 /// `callers` closed-loop callers that honour `Retry-After`, as SDK retry policies do: after a
 /// refusal a caller sends nothing until the header's seconds, times a jitter factor in
-/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`. Its bounds
-/// and set-up repeat `spin`'s on purpose: the two differ in who the callers are and what they do
-/// with a refusal, and one function with both behaviours behind a flag read worse.
+/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`. It shares
+/// `spin`'s parts (`closed_loop`, `call_as`); what still looks alike, the bounds and the loop's
+/// head, is the shape of two different callers, which one function behind a flag would blur.
 pub async fn honour<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> Honoured
 where
     S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
@@ -358,38 +384,24 @@ where
     S::Error: std::fmt::Debug + Send,
 {
     let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for c in 0..callers {
-        let svc = svc.clone();
-        tasks.spawn(async move {
-            let mut seen = Honoured::default();
-            let mut n = c as u64;
-            while start.elapsed() < duration {
-                let req = Request::builder()
-                    .uri("/")
-                    .header("x-tenant", c.to_string())
-                    .header("x-caller", c.to_string())
-                    .body(Full::new(Bytes::new()))
-                    .unwrap_or_default();
-                let Ok(res) = svc.clone().oneshot(req).await else { panic!("service failed") };
-                let status = res.status();
-                let header: Option<u32> =
-                    res.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()?.parse().ok());
-                let _ = res.into_body().collect().await;
-                if status == http::StatusCode::OK {
-                    if start.elapsed() >= from {
-                        seen.ok += 1;
-                    }
-                } else if let Some(secs) = header {
-                    seen.retry_after.push(secs);
-                    n += callers as u64;
-                    let jitter = 1.0 + (splitmix(n) % 1_000) as f64 / 5_000.0;
-                    tokio::time::sleep(Duration::from_secs(u64::from(secs)).mul_f64(jitter)).await;
+    let mut tasks = closed_loop(svc, callers, |svc, c| async move {
+        let mut seen = Honoured::default();
+        let mut n = c as u64;
+        while start.elapsed() < duration {
+            let (status, header) = call_as(svc.clone(), c, c).await;
+            if status == http::StatusCode::OK {
+                if start.elapsed() >= from {
+                    seen.ok += 1;
                 }
+            } else if let Some(secs) = header {
+                seen.retry_after.push(secs);
+                n += callers as u64;
+                let jitter = 1.0 + (splitmix(n) % 1_000) as f64 / 5_000.0;
+                tokio::time::sleep(Duration::from_secs(u64::from(secs)).mul_f64(jitter)).await;
             }
-            seen
-        });
-    }
+        }
+        seen
+    });
     let mut all = Honoured::default();
     while let Some(Ok(seen)) = tasks.join_next().await {
         all.ok += seen.ok;

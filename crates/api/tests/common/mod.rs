@@ -52,6 +52,9 @@ pub const WITHOUT_USER_AND_TENANT_THROTTLES: [&str; 8] = [
     "100000",
 ];
 
+/// Static admission with one slot in the default class: one slow request fills it.
+pub const ONE_STATIC_SLOT: [&str; 4] = ["--admission", "static", "--admission-static-limit", "1"];
+
 /// A served app.
 pub struct TestApp {
     pub base: String,
