@@ -3,15 +3,16 @@
 //! `compare`, 3 for a failed smoke stage, 0 otherwise).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use breakwater_loadlab::analysis::{AnalysisConfig, analyze};
 use breakwater_loadlab::compare::Thresholds;
 use breakwater_loadlab::html;
 use breakwater_loadlab::profiles::ProfilesFile;
 use breakwater_loadlab::report::{Report, StepReport, ms};
-use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+use breakwater_loadlab::runs::{self, ProfileConfig, Progress, RampConfig, RunError, Sampling, SweepConfig, UrlSteps};
 
-use crate::{CompareArgs, OutArgs, ProfileArgs, RampArgs, ReportArgs, SmokeArgs, StreamsArgs, SweepArgs};
+use crate::{CompareArgs, OutArgs, ProfileArgs, RampArgs, ReportArgs, RunArgs, SmokeArgs, StreamsArgs, SweepArgs};
 
 fn progress_line(s: &StepReport) {
     let what = s.offered_rps.map_or_else(|| format!("c={}", s.concurrency.unwrap_or(0)), |r| format!("{r:.0}/s"));
@@ -55,37 +56,33 @@ fn rates(a: &RampArgs) -> anyhow::Result<Vec<f64>> {
     }
 }
 
+/// Each step on stderr as it ends, unless `--quiet`.
+fn progress(out: &OutArgs) -> Progress<'static> {
+    let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
+    (!out.quiet).then_some(p)
+}
+
+/// A ramp's or a sweep's steps against `--url`.
+fn url_steps(urls: &[String], step: Duration, pause: Duration, run: &RunArgs) -> UrlSteps {
+    UrlSteps { urls: urls.to_vec(), step, pause, engine: run.engine.config(), sampling: run.sampling.config() }
+}
+
 /// `loadlab ramp`: the open-loop ramp, its progress on stderr, then its report.
 pub(crate) async fn ramp(a: &RampArgs) -> anyhow::Result<ExitCode> {
     let cfg = RampConfig {
-        urls: a.url.clone(),
+        run: url_steps(&a.url, a.step, a.pause, &a.load.run),
         rates: rates(a)?,
-        step: a.step,
-        pause: a.pause,
-        engine: a.engine.config(),
-        analysis: a.analysis.config(),
-        sampling: a.sampling.config(),
+        analysis: a.load.analysis.config(),
     };
-    let tokens = a.tokens.load(a.engine.seed)?;
-    let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-    let report = runs::ramp(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
-    emit(&report, &a.out)?;
+    let report = runs::ramp(&cfg, a.load.run.tokens()?, progress(&a.load.out)).await;
+    emit(&report, &a.load.out)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `loadlab sweep`: the closed-loop sweep, its progress on stderr, then its report.
 pub(crate) async fn sweep(a: &SweepArgs) -> anyhow::Result<ExitCode> {
-    let cfg = SweepConfig {
-        urls: a.url.clone(),
-        concurrency: a.concurrency.clone(),
-        step: a.step,
-        pause: a.pause,
-        engine: a.engine.config(),
-        sampling: a.sampling.config(),
-    };
-    let tokens = a.tokens.load(a.engine.seed)?;
-    let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-    let report = runs::sweep(&cfg, tokens, (!a.out.quiet).then_some(p)).await;
+    let cfg = SweepConfig { run: url_steps(&a.url, a.step, a.pause, &a.run), concurrency: a.concurrency.clone() };
+    let report = runs::sweep(&cfg, a.run.tokens()?, progress(&a.out)).await;
     emit(&report, &a.out)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -109,22 +106,22 @@ pub(crate) async fn profile(a: &ProfileArgs) -> anyhow::Result<ExitCode> {
         profiles: ProfilesFile::load(a.profiles.as_deref()).map_err(anyhow::Error::msg)?,
         capacity_rps,
         time_scale: a.time_scale,
-        engine: a.engine.config(),
-        analysis: a.analysis.config(),
+        engine: a.load.run.engine.config(),
+        analysis: a.load.analysis.config(),
         sampling: Sampling {
             ops_url: a
+                .load
+                .run
                 .sampling
                 .ops_url
                 .clone()
                 .or_else(|| Some(format!("{}/v1/ops/status", a.ops_base.trim_end_matches('/')))),
-            ..a.sampling.config()
+            ..a.load.run.sampling.config()
         },
         smoke: !a.no_smoke,
     };
-    let tokens = a.tokens.load(a.engine.seed)?;
-    let p: &(dyn Fn(&StepReport) + Sync) = &progress_line;
-    match runs::profile(&cfg, tokens, (!a.out.quiet).then_some(p)).await {
-        Ok(report) => emit(&report, &a.out)?,
+    match runs::profile(&cfg, a.load.run.tokens()?, progress(&a.load.out)).await {
+        Ok(report) => emit(&report, &a.load.out)?,
         Err(RunError::Smoke(f)) => {
             eprintln!("{f}");
             eprintln!("the run was stopped before any load: fix the path, then run again");

@@ -37,6 +37,6 @@ pub use analysis::{Analysis, AnalysisConfig};
 pub use compare::{Comparison, Thresholds, compare};
 pub use engine::EngineConfig;
 pub use report::Report;
-pub use runs::{ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+pub use runs::{ProfileConfig, RampConfig, RunError, Sampling, SweepConfig, UrlSteps};
 pub use schedule::Arrivals;
 pub use tokens::Tokens;

@@ -196,6 +196,35 @@ struct OutArgs {
     quiet: bool,
 }
 
+/// What a load run takes besides its shape: the engine, the tokens, the server's sampling.
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+impl RunArgs {
+    fn tokens(&self) -> anyhow::Result<Tokens> {
+        self.tokens.load(self.engine.seed)
+    }
+}
+
+/// A run whose curve is read (a ramp, a profile): the run's arguments, the reading's, and where
+/// its report goes.
+#[derive(Debug, Args)]
+struct ReadRunArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    analysis: AnalysisArgs,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
 #[derive(Debug, Args)]
 struct RampArgs {
     /// URL to GET (repeat for several, sent round-robin).
@@ -220,15 +249,7 @@ struct RampArgs {
     #[arg(long, value_parser = duration, default_value = "5s")]
     pause: Duration,
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    tokens: TokenArgs,
-    #[command(flatten)]
-    sampling: SamplingArgs,
-    #[command(flatten)]
-    analysis: AnalysisArgs,
-    #[command(flatten)]
-    out: OutArgs,
+    load: ReadRunArgs,
 }
 
 #[derive(Debug, Args)]
@@ -243,11 +264,7 @@ struct SweepArgs {
     #[arg(long, value_parser = duration, default_value = "5s")]
     pause: Duration,
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    tokens: TokenArgs,
-    #[command(flatten)]
-    sampling: SamplingArgs,
+    run: RunArgs,
     #[command(flatten)]
     out: OutArgs,
 }
@@ -280,15 +297,7 @@ struct ProfileArgs {
     #[arg(long)]
     no_smoke: bool,
     #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    tokens: TokenArgs,
-    #[command(flatten)]
-    sampling: SamplingArgs,
-    #[command(flatten)]
-    analysis: AnalysisArgs,
-    #[command(flatten)]
-    out: OutArgs,
+    load: ReadRunArgs,
 }
 
 #[derive(Debug, Args)]

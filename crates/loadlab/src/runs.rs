@@ -33,34 +33,53 @@ impl Default for Sampling {
     }
 }
 
-/// An open-loop stepped ramp against fixed URLs.
+/// What a ramp and a sweep share: steps of one length against fixed URLs (sent round-robin), a
+/// pause between them, the engine and the server's sampling. Their configs flatten it, so that
+/// a report's `config` keeps these fields at its top level.
 #[derive(Debug, Clone, Serialize)]
-pub struct RampConfig {
+pub struct UrlSteps {
     pub urls: Vec<String>,
-    /// Offered requests per second, one step each, in order.
-    pub rates: Vec<f64>,
     #[serde(with = "crate::dur")]
     pub step: Duration,
     #[serde(with = "crate::dur")]
     pub pause: Duration,
     #[serde(skip)]
     pub engine: EngineConfig,
-    pub analysis: AnalysisConfig,
     pub sampling: Sampling,
+}
+
+impl UrlSteps {
+    /// The run's engine (started now), its report (`config`: the whole run's), and the workload
+    /// that sends to the URLs.
+    fn start(
+        &self,
+        kind: RunKind,
+        name: &str,
+        config: serde_json::Value,
+        tokens: Tokens,
+    ) -> (Engine, Report, Arc<dyn Workload>) {
+        let engine = start_engine(self.engine.clone(), &self.sampling, tokens);
+        let report = new_report(kind, name, self.urls.first().map_or("", String::as_str), config, &self.engine);
+        (engine, report, Arc::new(Urls { urls: self.urls.clone() }))
+    }
+}
+
+/// An open-loop stepped ramp against fixed URLs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RampConfig {
+    #[serde(flatten)]
+    pub run: UrlSteps,
+    /// Offered requests per second, one step each, in order.
+    pub rates: Vec<f64>,
+    pub analysis: AnalysisConfig,
 }
 
 /// A closed-loop sweep over caller counts.
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepConfig {
-    pub urls: Vec<String>,
+    #[serde(flatten)]
+    pub run: UrlSteps,
     pub concurrency: Vec<usize>,
-    #[serde(with = "crate::dur")]
-    pub step: Duration,
-    #[serde(with = "crate::dur")]
-    pub pause: Duration,
-    #[serde(skip)]
-    pub engine: EngineConfig,
-    pub sampling: Sampling,
 }
 
 /// A profile from the profiles file, against the chat API at `base`.
@@ -174,17 +193,10 @@ where
 
 /// Runs an open-loop ramp and reads its curve. Prints each step as it ends when `progress`.
 pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Progress<'_>) -> Report {
-    let engine = start_engine(cfg.engine.clone(), &cfg.sampling, tokens);
-    let report = new_report(
-        RunKind::Ramp,
-        "ramp",
-        cfg.urls.first().map_or("", String::as_str),
-        serde_json::to_value(cfg).unwrap_or_default(),
-        &cfg.engine,
-    );
-    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
-    let steps = in_turn(&cfg.rates, cfg.pause, progress, |i, rate| {
-        engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.step, vec![(*rate, Arc::clone(&workload))])
+    let (engine, report, workload) =
+        cfg.run.start(RunKind::Ramp, "ramp", serde_json::to_value(cfg).unwrap_or_default(), tokens);
+    let steps = in_turn(&cfg.rates, cfg.run.pause, progress, |i, rate| {
+        engine.open_step(i, format!("{rate:.0}/s"), *rate, cfg.run.step, vec![(*rate, Arc::clone(&workload))])
     })
     .await;
     finish(report, &engine, steps, Some(&cfg.analysis))
@@ -192,17 +204,10 @@ pub async fn ramp(cfg: &RampConfig, tokens: Tokens, progress: Progress<'_>) -> R
 
 /// Runs a closed-loop sweep: throughput, p50 and p99 per caller count.
 pub async fn sweep(cfg: &SweepConfig, tokens: Tokens, progress: Progress<'_>) -> Report {
-    let engine = start_engine(cfg.engine.clone(), &cfg.sampling, tokens);
-    let report = new_report(
-        RunKind::Sweep,
-        "sweep",
-        cfg.urls.first().map_or("", String::as_str),
-        serde_json::to_value(cfg).unwrap_or_default(),
-        &cfg.engine,
-    );
-    let workload: Arc<dyn Workload> = Arc::new(Urls { urls: cfg.urls.clone() });
-    let steps = in_turn(&cfg.concurrency, cfg.pause, progress, |i, c| {
-        engine.closed_step(i, format!("{c} callers"), *c, cfg.step, Arc::clone(&workload))
+    let (engine, report, workload) =
+        cfg.run.start(RunKind::Sweep, "sweep", serde_json::to_value(cfg).unwrap_or_default(), tokens);
+    let steps = in_turn(&cfg.concurrency, cfg.run.pause, progress, |i, c| {
+        engine.closed_step(i, format!("{c} callers"), *c, cfg.run.step, Arc::clone(&workload))
     })
     .await;
     finish(report, &engine, steps, None)

@@ -88,7 +88,7 @@ struct Tally {
     writes_failed: AtomicU64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Shared {
     tally: Tally,
     refused: Mutex<BTreeMap<u16, u64>>,
@@ -112,14 +112,7 @@ pub async fn run(config: &StreamsConfig, tokens: &Tokens) -> anyhow::Result<Stre
     };
     anyhow::ensure!(!tokens.is_empty(), "streams need tokens (--tokens or --mint-tenants)");
     let tenants = tokens.tenants().to_vec();
-    let shared = Arc::new(Shared {
-        tally: Tally::default(),
-        refused: Mutex::default(),
-        errors: Mutex::default(),
-        open: Mutex::default(),
-        latency: Mutex::default(),
-        last_open: Mutex::default(),
-    });
+    let shared = Arc::new(Shared::default());
     let stop = tokio_util::sync::CancellationToken::new();
     let started = Instant::now();
     let mut handles = Vec::with_capacity(config.streams);
@@ -433,14 +426,7 @@ mod tests {
 
     #[tokio::test]
     async fn gaps_are_lost_events_and_repeats_duplicates() {
-        let shared = Shared {
-            tally: Tally::default(),
-            refused: Mutex::default(),
-            errors: Mutex::default(),
-            open: Mutex::default(),
-            latency: Mutex::default(),
-            last_open: Mutex::default(),
-        };
+        let shared = Shared::default();
         let mut r = Reader::default();
         let text = "retry: 2000\n\n: heartbeat\n\nid: 1\nevent: conversation.created\ndata: {}\n\n\
                     id: 2\nevent: message.created\ndata: {\"at\":\"2026-01-01T00:00:00Z\"}\n\n\

@@ -8,7 +8,7 @@ use breakwater_loadlab::analysis::AnalysisConfig;
 use breakwater_loadlab::profiles::ProfilesFile;
 use breakwater_loadlab::report::Report;
 use breakwater_loadlab::retry::RetryPolicy;
-use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig};
+use breakwater_loadlab::runs::{self, ProfileConfig, RampConfig, RunError, Sampling, SweepConfig, UrlSteps};
 use breakwater_loadlab::tokens::{DEV_SECRET, TokenLine, Tokens};
 use breakwater_loadlab::{EngineConfig, compare, html};
 
@@ -20,14 +20,17 @@ const SERVICE: Duration = Duration::from_millis(4); // a single worker: 250 req/
 
 fn ramp_cfg(urls: Vec<String>, rates: Vec<f64>, step: Duration) -> RampConfig {
     RampConfig {
-        urls,
+        run: UrlSteps {
+            urls,
+            step,
+            pause: Duration::from_millis(300),
+            // Tests share a small machine with each other and with builds: a generous send-lag
+            // bound keeps the audit from flagging scheduler noise. The accuracy figures measured
+            // on a quiet machine are in docs/PERFORMANCE.md.
+            engine: EngineConfig { max_send_lag_ms: 50.0, ..EngineConfig::default() },
+            sampling: Sampling::default(),
+        },
         rates,
-        step,
-        pause: Duration::from_millis(300),
-        // Tests share a small machine with each other and with builds: a generous send-lag
-        // bound keeps the audit from flagging scheduler noise. The accuracy figures measured
-        // on a quiet machine are in docs/PERFORMANCE.md.
-        engine: EngineConfig { max_send_lag_ms: 50.0, ..EngineConfig::default() },
         analysis: AnalysisConfig {
             slo_p99_ms: 50.0,
             // The knee here is a jump from ~5 ms to ~200 ms; a 25 ms floor keeps scheduler
@@ -35,7 +38,6 @@ fn ramp_cfg(urls: Vec<String>, rates: Vec<f64>, step: Duration) -> RampConfig {
             knee_min_rise_ms: 25.0,
             ..AnalysisConfig::default()
         },
-        sampling: Sampling::default(),
     }
 }
 
@@ -44,7 +46,7 @@ async fn the_ramp_finds_saturation_within_5_percent_and_the_knee_at_the_right_st
     let _serial = SERIAL.lock().await;
     let srv = common::start(SERVICE).await;
     let mut cfg = ramp_cfg(vec![srv.url("/queue")], vec![100.0, 150.0, 200.0, 300.0, 400.0], Duration::from_secs(1));
-    cfg.sampling =
+    cfg.run.sampling =
         Sampling { ops_url: Some(srv.url("/v1/ops/status")), pid: None, interval: Duration::from_millis(200) };
     let report = runs::ramp(&cfg, Tokens::none(), None).await;
     let a = report.analysis.as_ref().expect("analysis");
@@ -81,7 +83,7 @@ async fn corrected_latencies_reflect_a_1s_stall_and_uncorrected_ones_do_not() {
     // One connection's worth of in-flight, as wrk's closed connections: during the stall the
     // schedule keeps running but nothing can be sent.
     let mut cfg = ramp_cfg(vec![srv.url("/stall")], vec![100.0], Duration::from_secs(2));
-    cfg.engine.max_in_flight = Some(1);
+    cfg.run.engine.max_in_flight = Some(1);
     let report = runs::ramp(&cfg, Tokens::none(), None).await;
     let s = &report.steps[0];
     eprintln!("{}", report.table());
@@ -117,7 +119,7 @@ async fn refused_and_errors_are_counted_apart() {
 
     // A timeout is an error, never a refusal.
     let mut cfg = ramp_cfg(vec![srv.url("/slow")], vec![20.0], Duration::from_millis(500));
-    cfg.engine.timeout = Duration::from_millis(200);
+    cfg.run.engine.timeout = Duration::from_millis(200);
     let report = runs::ramp(&cfg, Tokens::none(), None).await;
     let s = &report.steps[0];
     assert_eq!(s.errors.by_kind.get("timeout"), Some(&10));
@@ -139,12 +141,14 @@ async fn the_closed_loop_sweep_shows_queueing_behind_a_single_worker() {
     let _serial = SERIAL.lock().await;
     let srv = common::start(SERVICE).await;
     let cfg = SweepConfig {
-        urls: vec![srv.url("/queue")],
+        run: UrlSteps {
+            urls: vec![srv.url("/queue")],
+            step: Duration::from_millis(600),
+            pause: Duration::from_millis(100),
+            engine: EngineConfig::default(),
+            sampling: Sampling::default(),
+        },
         concurrency: vec![1, 4],
-        step: Duration::from_millis(600),
-        pause: Duration::from_millis(100),
-        engine: EngineConfig::default(),
-        sampling: Sampling::default(),
     };
     let report = runs::sweep(&cfg, Tokens::none(), None).await;
     let (one, four) = (&report.steps[0], &report.steps[1]);
@@ -166,12 +170,14 @@ async fn a_retry_after_that_outlasts_the_step_cuts_the_request_off_at_its_end() 
     let _serial = SERIAL.lock().await;
     let srv = common::start(SERVICE).await;
     let cfg = SweepConfig {
-        urls: vec![srv.url("/shed_long")],
+        run: UrlSteps {
+            urls: vec![srv.url("/shed_long")],
+            step: Duration::from_millis(500),
+            pause: Duration::from_millis(0),
+            engine: EngineConfig { honour: Some(RetryPolicy::default()), ..EngineConfig::default() },
+            sampling: Sampling::default(),
+        },
         concurrency: vec![4],
-        step: Duration::from_millis(500),
-        pause: Duration::from_millis(0),
-        engine: EngineConfig { honour: Some(RetryPolicy::default()), ..EngineConfig::default() },
-        sampling: Sampling::default(),
     };
     let started = std::time::Instant::now();
     let report = runs::sweep(&cfg, Tokens::none(), None).await;
@@ -196,12 +202,14 @@ async fn each_closed_loop_caller_is_one_client_with_its_own_connection_and_token
         .collect();
     let tokens = Tokens::from_lines(lines, "secret").expect("tokens");
     let cfg = SweepConfig {
-        urls: vec![srv.url("/whoami")],
+        run: UrlSteps {
+            urls: vec![srv.url("/whoami")],
+            step: Duration::from_millis(300),
+            pause: Duration::from_millis(0),
+            engine: EngineConfig::default(),
+            sampling: Sampling::default(),
+        },
         concurrency: vec![8],
-        step: Duration::from_millis(300),
-        pause: Duration::from_millis(0),
-        engine: EngineConfig::default(),
-        sampling: Sampling::default(),
     };
     let report = runs::sweep(&cfg, tokens, None).await;
     assert!(report.steps[0].ok.count > 80, "{}", report.steps[0].ok.count);
@@ -336,7 +344,7 @@ async fn the_compare_gate_fails_on_a_real_regression_and_passes_on_noise() {
     let _serial = SERIAL.lock().await;
     let srv = common::start(Duration::from_millis(10)).await;
     let mut cfg = ramp_cfg(vec![srv.url("/queue")], vec![50.0, 80.0, 120.0], Duration::from_millis(600));
-    cfg.pause = Duration::from_millis(100);
+    cfg.run.pause = Duration::from_millis(100);
     let base = runs::ramp(&cfg, Tokens::none(), None).await;
     assert!(base.analysis.as_ref().is_some_and(|a| a.capacity.is_some()), "{}", base.table());
 

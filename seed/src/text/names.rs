@@ -188,7 +188,9 @@ const LAST: &[&str] = &[
     "Ho",
 ];
 
-/// Chinese given names, for the surname-first pattern.
+/// Chinese given names, for the surname-first pattern. Its first twelve stand in `FIRST` too,
+/// in the same order: that is data, not repeated code. Each list is picked from by index with
+/// the seeded generator, so each keeps its own members and order (the dataset depends on both).
 const CHINESE_GIVEN: &[&str] = &[
     "Wei Ming",
     "Mei Ling",
