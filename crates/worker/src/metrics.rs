@@ -235,12 +235,15 @@ async fn scrape(State(worker): State<Worker>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], worker.render_metrics())
 }
 
+/// `/health`'s body: the process's name and what its figures are read from.
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    owner: String,
+    #[serde(flatten)]
+    reading: Reading,
+}
+
 async fn health(State(worker): State<Worker>) -> impl IntoResponse {
-    let mut body = serde_json::json!({ "status": "ok", "owner": worker.owner() });
-    if let (Some(body), Ok(serde_json::Value::Object(reading))) =
-        (body.as_object_mut(), serde_json::to_value(worker.reading()))
-    {
-        body.extend(reading);
-    }
-    axum::Json(body)
+    axum::Json(Health { status: "ok", owner: worker.owner().to_owned(), reading: worker.reading() })
 }
