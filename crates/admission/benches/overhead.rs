@@ -93,27 +93,22 @@ fn bench(c: &mut Criterion) {
     let mut refused =
         full.layer(classify as fn(&Request<Body>) -> Route, tenant as fn(&Request<Body>) -> Option<u64>).layer(inner());
     let held = refused.call(request()).now_or_never();
+    // Checked before any bench runs, so that a filter that skips "refused" cannot skip it.
+    black_box(once(&mut refused));
+    assert!(full.snapshot().shed.queue_full > 0, "the held slot refuses");
     group.bench_function("refused", |b| {
         b.iter(|| black_box(once(&mut refused)));
     });
-    assert!(full.snapshot().shed.queue_full > 0);
     // The decision alone: the future is dropped unpolled, so no response is rendered.
     group.bench_function("refused_decision_only", |b| {
         b.iter(|| black_box(refused.call(request())));
     });
-    // Alike the refusal in refusal.rs's unit tests: a bench cannot reach that `#[cfg(test)]`
-    // helper, and a public constructor for tests and benches alone would widen the crate's API.
-    let refusal = Refusal {
-        reason: RefusalReason::QueueFull,
-        class: ClassId::DEFAULT,
-        in_flight: 5,
-        limit: 5,
-        queued: 16,
-        queue_capacity: 16,
-        retry_after_seconds: 1,
-        wait_ms: 0,
-        client_timeout_ms: 0,
+    // The refusal a refused response carries in its extensions, as a user's renderer finds it.
+    let refusal = {
+        let Some(Ok(res)) = refused.call(request()).now_or_never() else { panic!("not immediate") };
+        res.extensions().get::<Refusal>().copied().unwrap_or_else(|| panic!("a refusal carries its Refusal"))
     };
+    assert_eq!(refusal.reason, RefusalReason::QueueFull);
     group.bench_function("refusal_json_only", |b| {
         b.iter(|| black_box(black_box(&refusal).to_json()));
     });

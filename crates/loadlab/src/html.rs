@@ -84,7 +84,9 @@ pub fn chart(title: &str, x_desc: &str, y_desc: &str, series: &[Series], log_y: 
     }
 }
 
-const PALETTE: [RGBColor; 6] = [
+/// The charts' colours, in the order lines take them: one palette for every chart drawn with
+/// [`chart`], this crate's and its callers'.
+pub const PALETTE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(214, 39, 40),

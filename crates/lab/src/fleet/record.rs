@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use breakwater_loadlab::html::{RGBColor, Series, chart};
+use breakwater_loadlab::html::{PALETTE, RGBColor, Series, chart};
 use breakwater_loadlab::report::Report;
 use breakwater_loadlab::retry::LogicalReport;
 use serde::{Deserialize, Serialize};
@@ -397,7 +397,7 @@ pub(crate) fn seconds_markdown(fleet: &Fleet) -> String {
 
 /// The chart: 2xx/s, refused/s and failed/s per second, per variant, with the ready tasks.
 pub(crate) fn chart_svg(fleet: &Fleet) -> String {
-    let colours = [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
+    let colours = [PALETTE[0], PALETTE[2], PALETTE[3], PALETTE[4]];
     let mut series: Vec<Series> = Vec::new();
     for (i, run) in fleet.runs.iter().enumerate() {
         let c = colours[i % colours.len()];

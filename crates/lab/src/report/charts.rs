@@ -1,18 +1,9 @@
 //! The report's SVG charts: goodput and admitted p99 over the ramp, the admission limit over the
 //! capacity change.
 
-use breakwater_loadlab::html::{RGBColor, Series, chart};
+use breakwater_loadlab::html::{PALETTE, RGBColor, Series, chart};
 
 use crate::record::{LabRecord, Row};
-
-const COLORS: [RGBColor; 6] = [
-    RGBColor(200, 60, 50),
-    RGBColor(230, 150, 30),
-    RGBColor(40, 110, 200),
-    RGBColor(120, 160, 60),
-    RGBColor(140, 80, 170),
-    RGBColor(90, 90, 90),
-];
 
 /// A variant's colour: fixed for off, static and adaptive; an `adaptive-cpu-T` variant's follows
 /// its target (hundredths, modulo three; one more with a `-pace-MS`), so it keeps its colour from
@@ -20,11 +11,11 @@ const COLORS: [RGBColor; 6] = [
 /// 0.95-pace-0 (which shares 0's colour, never measured beside it).
 fn color(name: &str) -> RGBColor {
     match name {
-        "off" => COLORS[0],
-        "static" => COLORS[1],
-        "adaptive" => COLORS[2],
+        "off" => PALETTE[2],
+        "static" => PALETTE[1],
+        "adaptive" => PALETTE[0],
         // Variants of older lab files (the removed CPU gate's), by their name.
-        other => COLORS[3 + other.len() % 3],
+        other => PALETTE[3 + other.len() % 3],
     }
 }
 
