@@ -13,6 +13,16 @@ use breakwater_admission::{Admission, AdmissionConfig, Algorithm, ClassConfig, C
 
 use crate::auth::Verified;
 
+/// The defaults of every setting below: `breakwater_admission` owns them (docs/ADMISSION.md,
+/// "Settings and defaults").
+fn defaults() -> ClassConfig {
+    ClassConfig::default()
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Admission settings from the environment.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AdmissionSettings {
@@ -24,22 +34,22 @@ pub struct AdmissionSettings {
     #[arg(long = "admission-algorithm", env = "ADMISSION_ALGORITHM", default_value = "gradient")]
     pub algorithm: Algorithm,
     /// The p95 latency target for admitted requests, in ms: the only number to configure.
-    #[arg(long = "admission-latency-target-ms", env = "ADMISSION_LATENCY_TARGET_MS", default_value_t = 200)]
+    #[arg(long = "admission-latency-target-ms", env = "ADMISSION_LATENCY_TARGET_MS", default_value_t = ms(defaults().latency_target))]
     pub latency_target_ms: u64,
     /// The fixed in-flight ceiling per class in `static` mode.
-    #[arg(long = "admission-static-limit", env = "ADMISSION_STATIC_LIMIT", default_value_t = 80)]
+    #[arg(long = "admission-static-limit", env = "ADMISSION_STATIC_LIMIT", default_value_t = defaults().static_limit)]
     pub static_limit: usize,
     /// Waiters beyond the limit, per class.
-    #[arg(long = "admission-queue", env = "ADMISSION_QUEUE", default_value_t = 32)]
+    #[arg(long = "admission-queue", env = "ADMISSION_QUEUE", default_value_t = defaults().queue_capacity)]
     pub queue: usize,
     /// Longest wait in the queue, in ms.
-    #[arg(long = "admission-max-wait-ms", env = "ADMISSION_MAX_WAIT_MS", default_value_t = 100)]
+    #[arg(long = "admission-max-wait-ms", env = "ADMISSION_MAX_WAIT_MS", default_value_t = ms(defaults().max_queue_wait))]
     pub max_wait_ms: u64,
     /// The adaptive limit's floor.
-    #[arg(long = "admission-min-limit", env = "ADMISSION_MIN_LIMIT", default_value_t = 2)]
+    #[arg(long = "admission-min-limit", env = "ADMISSION_MIN_LIMIT", default_value_t = defaults().min_limit)]
     pub min_limit: usize,
     /// The adaptive limit's ceiling.
-    #[arg(long = "admission-max-limit", env = "ADMISSION_MAX_LIMIT", default_value_t = 1000)]
+    #[arg(long = "admission-max-limit", env = "ADMISSION_MAX_LIMIT", default_value_t = defaults().max_limit)]
     pub max_limit: usize,
 }
 
