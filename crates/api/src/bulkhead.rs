@@ -5,11 +5,12 @@
 //!
 //! A request holds at most one connection at a time (its queries run one after another), so a
 //! slot per request, sized like the pool, means the pool's own acquire never waits; and unlike
-//! the pool, the slots can say how many requests are waiting.
+//! the pool, the slots can say how many requests are waiting, and how long the longest hold
+//! was: a slot held for a client (a stalled body, say) would show there as seconds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -30,6 +31,7 @@ pub struct Bulkhead {
     timeout: Duration,
     waiting: AtomicUsize,
     timeouts: AtomicU64,
+    longest_hold_us: AtomicU64,
 }
 
 /// The published state of the bulkhead.
@@ -45,6 +47,10 @@ pub struct BulkheadStatus {
     pub acquire_timeout_ms: u64,
     /// Requests refused with `db_saturated` since start.
     pub acquire_timeouts: u64,
+    /// The longest any request has held a slot since start, ms (from the slot to the handler's
+    /// response). Bodies are read before the slot is taken, so a client that stalls its body
+    /// cannot make this longer; a hold near `BODY_READ_TIMEOUT_MS` would say one did.
+    pub longest_hold_ms: f64,
 }
 
 impl Bulkhead {
@@ -57,6 +63,7 @@ impl Bulkhead {
             timeout,
             waiting: AtomicUsize::new(0),
             timeouts: AtomicU64::new(0),
+            longest_hold_us: AtomicU64::new(0),
         }
     }
 
@@ -69,6 +76,7 @@ impl Bulkhead {
             waiting: self.waiting.load(Ordering::Relaxed),
             acquire_timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
             acquire_timeouts: self.timeouts.load(Ordering::Relaxed),
+            longest_hold_ms: Duration::from_micros(self.longest_hold_us.load(Ordering::Relaxed)).as_secs_f64() * 1e3,
         }
     }
 }
@@ -91,8 +99,11 @@ pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next:
             }
         }
     };
+    let held = Instant::now();
     let response = next.run(req).await;
     drop(permit);
+    let held_us = u64::try_from(held.elapsed().as_micros()).unwrap_or(u64::MAX);
+    bulkhead.longest_hold_us.fetch_max(held_us, Ordering::Relaxed);
     response
 }
 
@@ -107,5 +118,12 @@ impl crate::figures::Publish for BulkheadStatus {
         out.counter("bulkhead_acquire_timeouts", "Requests refused with db_saturated", self.acquire_timeouts)
             .emf("BulkheadTimeouts", Unit::Count, Lines::Task)
             .ops("acquire_timeouts");
+        out.gauge(
+            "bulkhead_longest_hold_ms",
+            "The longest any request has held a database slot since start, ms",
+            self.longest_hold_ms,
+        )
+        .no_emf(NOT_ALARMED)
+        .ops("longest_hold_ms");
     }
 }
