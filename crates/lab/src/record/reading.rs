@@ -293,7 +293,11 @@ pub(crate) fn saturated(r: &Row, api_cores: f64) -> Vec<String> {
     let waiting = r.pool_waiting_mean.unwrap_or(0.0);
     let timeouts = r.pool_timeouts.unwrap_or(0.0);
     if waiting >= 1.0 || timeouts > 0.0 {
-        out.push(format!("DB pool ({waiting:.1} waiting on average, {timeouts:.0} db_saturated)"));
+        // Who held the slots: with few of PostgreSQL's backends active, the holders were requests
+        // outside the database (paused by the CPU quota, or serialising), and more slots would
+        // only let more of them share the same CPU (docs/ADMISSION.md measured 20 against 10).
+        let active = r.pg_active_mean.map_or(String::new(), |a| format!("; {a:.1} PostgreSQL backends active"));
+        out.push(format!("DB pool ({waiting:.1} waiting on average, {timeouts:.0} db_saturated{active})"));
     }
     if let Some(e) = r.edge_refused.filter(|e| *e > 0.0) {
         out.push(format!("connection cap ({e:.0} connections refused or reset at accept)"));
@@ -389,6 +393,7 @@ mod tests {
         r.throttled_share = Some(0.8);
         r.api_cpu_cores = Some(0.25);
         r.pool_waiting_mean = Some(3.0);
+        r.pg_active_mean = Some(0.4);
         r.postgres_cpu_cores = Some(1.1);
         r.limit_mean = Some(20.0);
         r.in_flight_mean = Some(19.0);
@@ -397,7 +402,7 @@ mod tests {
         let s = saturated(&r, quarter_core()).join(" | ");
         for needle in [
             "API CPU quota (throttled in 80%",
-            "DB pool (3.0 waiting",
+            "DB pool (3.0 waiting on average, 0 db_saturated; 0.4 PostgreSQL backends active)",
             "database CPU (1.10",
             "admission limit (19",
             "load generator (send lag)",
