@@ -18,7 +18,7 @@ use axum::http::Response;
 use axum::middleware::Next;
 use axum::response::IntoResponse as _;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -81,6 +81,22 @@ impl Bulkhead {
     }
 }
 
+/// A slot while it is held. Dropping it frees the slot and counts the hold, also when the
+/// handler's future is dropped (the request timeout, a client gone), so the longest hold cannot
+/// miss the holds that end that way.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    since: Instant,
+    bulkhead: Arc<Bulkhead>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.bulkhead.longest_hold_us.fetch_max(us, Ordering::Relaxed);
+    }
+}
+
 /// Middleware: run the handler holding a slot, or refuse with `db_saturated`.
 pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
     let bulkhead = &state.bulkhead;
@@ -99,11 +115,9 @@ pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next:
             }
         }
     };
-    let held = Instant::now();
+    let held = Held { _permit: permit, since: Instant::now(), bulkhead: Arc::clone(bulkhead) };
     let response = next.run(req).await;
-    drop(permit);
-    let held_us = u64::try_from(held.elapsed().as_micros()).unwrap_or(u64::MAX);
-    bulkhead.longest_hold_us.fetch_max(held_us, Ordering::Relaxed);
+    drop(held);
     response
 }
 
@@ -125,5 +139,26 @@ impl crate::figures::Publish for BulkheadStatus {
         )
         .no_emf(NOT_ALARMED)
         .ops("longest_hold_ms");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_hold_cut_short_by_the_request_timeout_still_counts() {
+        let bulkhead = Arc::new(Bulkhead::new(1, Duration::from_millis(10)));
+        let b = Arc::clone(&bulkhead);
+        let handler = async move {
+            let permit = b.slots.clone().acquire_owned().await.expect("a slot");
+            let _held = Held { _permit: permit, since: Instant::now(), bulkhead: Arc::clone(&b) };
+            std::future::pending::<()>().await;
+        };
+        // The timeout drops the handler's future while it holds the slot.
+        assert!(tokio::time::timeout(Duration::from_millis(30), handler).await.is_err());
+        let status = bulkhead.status();
+        assert_eq!(status.in_use, 0, "the slot is free again");
+        assert!(status.longest_hold_ms >= 30.0, "the dropped hold counts: {} ms", status.longest_hold_ms);
     }
 }
