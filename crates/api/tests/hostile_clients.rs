@@ -73,18 +73,18 @@ async fn stalled_bodies_hold_no_slot_and_every_other_tenant_is_served(pool: PgPo
         assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
         assert!(answer.to_lowercase().contains("connection: close"), "{answer}");
     }
+    assert!(started.elapsed() >= Duration::from_millis(1500), "answered before the timeout: {:?}", started.elapsed());
+    let status = app.ops("/v1/ops/status").await;
+    assert_eq!(status.body["layers"]["body"]["timed_out"], 20, "{}", status.text);
+    assert_eq!(status.body["layers"]["body"]["read_timeout_ms"], 1500);
     // Nothing held a database slot while its body stalled: a stalled write that had taken a slot
     // would have held it until its 408, at the read timeout.
-    let bulkhead = &app.ops("/v1/ops/status").await.body["layers"]["bulkhead"];
+    let bulkhead = &status.body["layers"]["bulkhead"];
     let longest = bulkhead["longest_hold_ms"].as_f64().expect("longest_hold_ms");
     assert!(
         longest < 1500.0,
         "a database slot was held for {longest} ms, as long as the body read timeout: {bulkhead}"
     );
-    assert!(started.elapsed() >= Duration::from_millis(1500), "answered before the timeout: {:?}", started.elapsed());
-    let status = app.ops("/v1/ops/status").await;
-    assert_eq!(status.body["layers"]["body"]["timed_out"], 20, "{}", status.text);
-    assert_eq!(status.body["layers"]["body"]["read_timeout_ms"], 1500);
     // Nothing the stalled requests carried was written.
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM messages").fetch_one(&pool).await.expect("count");
     assert_eq!(n, 0);
