@@ -1,9 +1,10 @@
 //! The live inbox's events: an outbox written in the same transaction as each change, read by
 //! the API's stream (`GET /v1/stream`) and replayed to a client that reconnects.
 //!
-//! Every write that changes what an inbox shows appends one event here in its own transaction
-//! (`append`): `conversations::create` and `::update`, `messages::post`, and
-//! `contacts::request_erasure`. The event is inserted without a number; the writer takes no lock
+//! Every write that changes what an inbox shows appends one event here in its own transaction:
+//! `conversations::create` and `::update` and `contacts::request_erasure` through `append`, and
+//! `messages::post`, the most frequent write, in the same statement as its message (one round
+//! trip fewer). The event is inserted without a number; the writer takes no lock
 //! another writer waits for, and notifies nothing (a `NOTIFY` serialises every notifying commit
 //! of the whole database on one lock).
 //!

@@ -1,7 +1,8 @@
 //! The task's listener and sequencer, each on a connection of its own.
 //!
 //! - The sequencer polls every [`SEQUENCE_POLL`] for committed events without a number
-//!   (`stream::pending`, one index-only look) and numbers them (`stream::sequence`); the tasks'
+//!   (`stream::pending`, one index-only look) and numbers them (`stream::sequence`); after a
+//!   pass that numbered some, the next one numbers at once without the look. The tasks'
 //!   sequencers take turns on an advisory lock, and one that finds the turn taken leaves the
 //!   work to its holder. Writers do not wake it with a `NOTIFY`: that would serialise every
 //!   writing transaction of the database on `NOTIFY`'s commit lock.
@@ -101,6 +102,9 @@ pub async fn run(hub: Arc<Hub>, options: PgConnectOptions, shutdown: Cancellatio
 async fn sequence(pool: sqlx::PgPool, shutdown: CancellationToken) {
     let mut wait = SEQUENCE_POLL;
     let mut failing = false;
+    // The last pass numbered events: while writes keep coming, the next pass numbers at once
+    // instead of looking first (the look would be a round trip that finds work anyway).
+    let mut busy = false;
     // Held between looks (a check-out would cost a ping each); dropped after a failure.
     let mut held: Option<sqlx::pool::PoolConnection<sqlx::Postgres>> = None;
     loop {
@@ -113,13 +117,15 @@ async fn sequence(pool: sqlx::PgPool, shutdown: CancellationToken) {
                 Some(conn) => conn,
                 None => held.insert(pool.acquire().await?),
             };
-            let pending = stream::pending(&mut **conn).await.map_err(into_sqlx)?;
-            if pending {
-                stream::sequence(&mut **conn).await.map_err(into_sqlx)?;
+            if !busy && !stream::pending(&mut **conn).await.map_err(into_sqlx)? {
+                return Ok(false);
             }
-            Ok::<bool, sqlx::Error>(pending)
+            // Empty when nothing was left or another task's sequencer had the turn.
+            let numbered = stream::sequence(&mut **conn).await.map_err(into_sqlx)?;
+            Ok::<bool, sqlx::Error>(!numbered.is_empty())
         };
         let outcome = pass.await;
+        busy = matches!(outcome, Ok(true));
         if outcome.is_err() {
             // Closed, not returned to the pool: a failure may have left it inside the
             // sequencer's transaction.
@@ -128,9 +134,9 @@ async fn sequence(pool: sqlx::PgPool, shutdown: CancellationToken) {
             }
         }
         match outcome {
-            Ok(pending) => {
+            Ok(numbered) => {
                 failing = false;
-                wait = if pending { SEQUENCE_POLL } else { (wait * 2).min(SEQUENCE_POLL_IDLE) };
+                wait = if numbered { SEQUENCE_POLL } else { (wait * 2).min(SEQUENCE_POLL_IDLE) };
             }
             // Once per outage, not a hundred times a second.
             Err(err) if !failing => {
