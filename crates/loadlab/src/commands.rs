@@ -5,6 +5,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use breakwater_loadlab::analysis::{AnalysisConfig, analyze};
 use breakwater_loadlab::compare::Thresholds;
 use breakwater_loadlab::html;
@@ -12,7 +14,9 @@ use breakwater_loadlab::profiles::ProfilesFile;
 use breakwater_loadlab::report::{Report, StepReport, ms};
 use breakwater_loadlab::runs::{self, ProfileConfig, Progress, RampConfig, RunError, Sampling, SweepConfig, UrlSteps};
 
-use crate::{CompareArgs, OutArgs, ProfileArgs, RampArgs, ReportArgs, RunArgs, SmokeArgs, StreamsArgs, SweepArgs};
+use crate::{
+    CompareArgs, OutArgs, ProfileArgs, RampArgs, ReportArgs, RunArgs, SmokeArgs, StreamsArgs, SweepArgs, UrlArgs,
+};
 
 fn progress_line(s: &StepReport) {
     let what = s.offered_rps.map_or_else(|| format!("c={}", s.concurrency.unwrap_or(0)), |r| format!("{r:.0}/s"));
@@ -62,15 +66,26 @@ fn progress(out: &OutArgs) -> Progress<'static> {
     (!out.quiet).then_some(p)
 }
 
-/// A ramp's or a sweep's steps against `--url`.
-fn url_steps(urls: &[String], step: Duration, pause: Duration, run: &RunArgs) -> UrlSteps {
-    UrlSteps { urls: urls.to_vec(), step, pause, engine: run.engine.config(), sampling: run.sampling.config() }
+/// A ramp's or a sweep's steps against `--url`; a `--body` that is not JSON is refused here,
+/// before the run, rather than as a 400 on every request.
+fn url_steps(target: &UrlArgs, step: Duration, pause: Duration, run: &RunArgs) -> anyhow::Result<UrlSteps> {
+    if let Some(body) = &target.body {
+        serde_json::from_str::<serde_json::Value>(body).context("--body is not JSON")?;
+    }
+    Ok(UrlSteps {
+        urls: target.url.clone(),
+        body: target.body.clone(),
+        step,
+        pause,
+        engine: run.engine.config(),
+        sampling: run.sampling.config(),
+    })
 }
 
 /// `loadlab ramp`: the open-loop ramp, its progress on stderr, then its report.
 pub(crate) async fn ramp(a: &RampArgs) -> anyhow::Result<ExitCode> {
     let cfg = RampConfig {
-        run: url_steps(&a.url, a.step, a.pause, &a.load.run),
+        run: url_steps(&a.target, a.step, a.pause, &a.load.run)?,
         rates: rates(a)?,
         analysis: a.load.analysis.config(),
     };
@@ -81,7 +96,7 @@ pub(crate) async fn ramp(a: &RampArgs) -> anyhow::Result<ExitCode> {
 
 /// `loadlab sweep`: the closed-loop sweep, its progress on stderr, then its report.
 pub(crate) async fn sweep(a: &SweepArgs) -> anyhow::Result<ExitCode> {
-    let cfg = SweepConfig { run: url_steps(&a.url, a.step, a.pause, &a.run), concurrency: a.concurrency.clone() };
+    let cfg = SweepConfig { run: url_steps(&a.target, a.step, a.pause, &a.run)?, concurrency: a.concurrency.clone() };
     let report = runs::sweep(&cfg, a.run.tokens()?, progress(&a.out)).await;
     emit(&report, &a.out)?;
     Ok(ExitCode::SUCCESS)

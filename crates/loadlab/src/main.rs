@@ -225,11 +225,22 @@ struct ReadRunArgs {
     out: OutArgs,
 }
 
+/// What a ramp or a sweep sends: its fixed URLs, and a body to POST to them.
 #[derive(Debug, Args)]
-struct RampArgs {
-    /// URL to GET (repeat for several, sent round-robin).
+struct UrlArgs {
+    /// URL to send to (repeat for several, sent round-robin).
     #[arg(long, required = true)]
     url: Vec<String>,
+    /// POST this JSON to the URLs instead of GETting them (e.g. `{"body":"hello"}` to
+    /// conversations' `/messages`).
+    #[arg(long)]
+    body: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct RampArgs {
+    #[command(flatten)]
+    target: UrlArgs,
     /// Offered rates, comma-separated (e.g. 200,400,600).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["from", "to", "steps"])]
     rates: Vec<f64>,
@@ -254,8 +265,8 @@ struct RampArgs {
 
 #[derive(Debug, Args)]
 struct SweepArgs {
-    #[arg(long, required = true)]
-    url: Vec<String>,
+    #[command(flatten)]
+    target: UrlArgs,
     /// Caller counts, comma-separated (e.g. 4,16,32,192).
     #[arg(long, value_delimiter = ',', required = true)]
     concurrency: Vec<usize>,

@@ -33,12 +33,15 @@ impl Default for Sampling {
     }
 }
 
-/// What a ramp and a sweep share: steps of one length against fixed URLs (sent round-robin), a
-/// pause between them, the engine and the server's sampling. Their configs flatten it, so that
-/// a report's `config` keeps these fields at its top level.
+/// What a ramp and a sweep share: steps of one length against fixed URLs (sent round-robin, GET
+/// or one fixed POST), a pause between them, the engine and the server's sampling. Their configs
+/// flatten it, so that a report's `config` keeps these fields at its top level.
 #[derive(Debug, Clone, Serialize)]
 pub struct UrlSteps {
     pub urls: Vec<String>,
+    /// JSON POSTed to the URLs; `None`: they are GET.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
     #[serde(with = "crate::dur")]
     pub step: Duration,
     #[serde(with = "crate::dur")]
@@ -60,7 +63,8 @@ impl UrlSteps {
     ) -> (Engine, Report, Arc<dyn Workload>) {
         let engine = start_engine(self.engine.clone(), &self.sampling, tokens);
         let report = new_report(kind, name, self.urls.first().map_or("", String::as_str), config, &self.engine);
-        (engine, report, Arc::new(Urls { urls: self.urls.clone() }))
+        let body = self.body.clone().map(bytes::Bytes::from);
+        (engine, report, Arc::new(Urls { urls: self.urls.clone(), body }))
     }
 }
 

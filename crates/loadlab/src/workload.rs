@@ -17,11 +17,13 @@ fn rng_for(a: &Arrival) -> SmallRng {
     SmallRng::seed_from_u64(a.step.seed ^ a.n.wrapping_mul(0x2545_F491_4F6C_DD1D))
 }
 
-/// GETs one of a fixed set of URLs per arrival, round-robin, with a weighted tenant's token
-/// when the run has tokens.
+/// GETs one of a fixed set of URLs per arrival, round-robin, or POSTs `body` to it, with a
+/// weighted tenant's token when the run has tokens.
 #[derive(Debug)]
 pub struct Urls {
     pub urls: Vec<String>,
+    /// JSON to POST; `None`: GET.
+    pub body: Option<Bytes>,
 }
 
 impl Workload for Urls {
@@ -32,6 +34,10 @@ impl Workload for Urls {
             };
             let mut rng = rng_for(&a);
             let mut req = Req::get(url.clone(), "url");
+            if let Some(body) = &self.body {
+                req.method = Method::POST;
+                req.body = Some(body.clone());
+            }
             if !a.step.tokens.is_empty() {
                 req.tenant = a.tenant(&mut rng);
             }

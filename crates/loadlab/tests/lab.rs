@@ -22,6 +22,7 @@ fn ramp_cfg(urls: Vec<String>, rates: Vec<f64>, step: Duration) -> RampConfig {
     RampConfig {
         run: UrlSteps {
             urls,
+            body: None,
             step,
             pause: Duration::from_millis(300),
             // Tests share a small machine with each other and with builds: a generous send-lag
@@ -143,6 +144,7 @@ async fn the_closed_loop_sweep_shows_queueing_behind_a_single_worker() {
     let cfg = SweepConfig {
         run: UrlSteps {
             urls: vec![srv.url("/queue")],
+            body: None,
             step: Duration::from_millis(600),
             pause: Duration::from_millis(100),
             engine: EngineConfig::default(),
@@ -172,6 +174,7 @@ async fn a_retry_after_that_outlasts_the_step_cuts_the_request_off_at_its_end() 
     let cfg = SweepConfig {
         run: UrlSteps {
             urls: vec![srv.url("/shed_long")],
+            body: None,
             step: Duration::from_millis(500),
             pause: Duration::from_millis(0),
             engine: EngineConfig { honour: Some(RetryPolicy::default()), ..EngineConfig::default() },
@@ -204,6 +207,7 @@ async fn each_closed_loop_caller_is_one_client_with_its_own_connection_and_token
     let cfg = SweepConfig {
         run: UrlSteps {
             urls: vec![srv.url("/whoami")],
+            body: None,
             step: Duration::from_millis(300),
             pause: Duration::from_millis(0),
             engine: EngineConfig::default(),
@@ -220,6 +224,29 @@ async fn each_closed_loop_caller_is_one_client_with_its_own_connection_and_token
     assert_eq!(seen.len(), 8, "{seen:?}");
     assert!(seen.values().all(|t| t.len() == 1), "{seen:?}");
     assert_eq!(report.steps[0].audit.connections_opened, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_with_a_body_posts_it_as_json_to_every_url() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(SERVICE).await;
+    let cfg = SweepConfig {
+        run: UrlSteps {
+            // `/echo` takes only a POST whose JSON has a `body`: a GET is 405, anything else 4xx.
+            urls: vec![srv.url("/echo")],
+            body: Some(r#"{"body":"hello"}"#.into()),
+            step: Duration::from_millis(300),
+            pause: Duration::from_millis(0),
+            engine: EngineConfig::default(),
+            sampling: Sampling::default(),
+        },
+        concurrency: vec![2],
+    };
+    let report = runs::sweep(&cfg, Tokens::none(), None).await;
+    let s = &report.steps[0];
+    assert!(s.ok.count > 10, "{}", s.ok.count);
+    assert_eq!(s.errors.stats.count, 0, "{:?}", s.errors);
+    assert_eq!(report.config["body"], r#"{"body":"hello"}"#, "the report names what was sent");
 }
 
 fn profile_cfg(base: &str, profiles: &str) -> ProfileConfig {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
@@ -82,6 +82,7 @@ pub async fn start(service: Duration) -> TestServer {
         .route("/v1/conversations/{id}/messages", get(list_messages).post(post_message))
         .route("/v1/contacts", get(list_contacts))
         .route("/whoami", get(whoami))
+        .route("/echo", post(echo))
         .route(
             "/shed_long",
             get(|| async {
@@ -213,6 +214,14 @@ async fn post_message(h: HeaderMap, Path(id): Path<String>, Json(b): Json<serde_
         return unauthorized();
     }
     (StatusCode::CREATED, Json(json!({"id": "m2", "conversation_id": id, "body": b["body"]}))).into_response()
+}
+
+/// `POST /echo` only (a GET is 405): 201 with the JSON body's `body`, 422 when it has none.
+async fn echo(Json(b): Json<serde_json::Value>) -> Response {
+    match b["body"].as_str() {
+        Some(text) => (StatusCode::CREATED, Json(json!({"body": text}))).into_response(),
+        None => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+    }
 }
 
 async fn list_contacts(h: HeaderMap) -> Response {
