@@ -215,10 +215,10 @@ pub async fn post(
     .ok_or(DomainError::NotFound)?;
 
     // The message, the conversation's activity, preview and count, and the live inbox's
-    // `message.created` event, in one statement: one round trip. Written as three statements
-    // (the event through `stream::append`, as the other writers append theirs), a post cost
-    // the quarter-core API 46 us more CPU with its event than without (0.86 of the posts a
-    // second), most of it the event's own round trip (docs/lab/history/2026-12-04-post-outbox.md).
+    // `message.created` event, in one statement: one round trip. With the event appended by a
+    // statement of its own (`stream::append`, as the rarer writers append theirs), a post with
+    // its event ran at 0.85-0.87 of the posts a second without it on the quarter-core API; in
+    // one statement, 0.92-1.00 (docs/lab/history/2026-12-04-streams-post-and-heartbeats.md).
     let preview: String = body.chars().take(PREVIEW_CHARS).collect();
     let message = sqlx::query_as!(
         Message,

@@ -16,7 +16,9 @@
 //! with no gaps: whoever has read id n has read every event of the tenant below n. A first
 //! design numbered each event in its writer's transaction under the head row's lock and notified
 //! from every write: a busy tenant's posts ran at 0.57 of their throughput without it, against
-//! 0.80-0.86 now (docs/lab/history/2026-12-03-streams.md).
+//! 0.80-0.86 with the sequencer, at the database (docs/lab/history/2026-12-03-streams.md); at
+//! the pinned API, where a post's round trips are what costs, 0.92-1.00 since a post writes its
+//! event in its message's statement (docs/lab/history/2026-12-04-streams-post-and-heartbeats.md).
 //!
 //! A notification is delivered after its commit, in commit order; one lost with a dropped
 //! connection is found again by [`heads`] (and the pending events by [`sequence`]), which every

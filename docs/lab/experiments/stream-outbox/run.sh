@@ -2,7 +2,9 @@
 # What the live inbox's outbox costs a message post (docs/lab/history/2026-12-03-streams.md). pgbench,
 # CLIENTS clients, every post into a random conversation of one tenant shaped like the seed's 55%
 # one (the inbox counts' setup.sql: 10 inboxes, 117 agents, 200,000 conversations), written as
-# `messages::post` writes it:
+# `messages::post` wrote it until 38f4da0, one statement per row (it now writes the message, the
+# conversation's update and the event in one statement: the same rows and index entries for the
+# database, one round trip instead of three; pinned.sh measures the post end to end):
 #   plain   post.sql alone, without the event (what a post cost before the stream);
 #   locked  the first design: the event numbered in the writer's transaction, under the
 #           tenant's head row (every post of the tenant takes that row until it commits);
