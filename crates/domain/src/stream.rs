@@ -102,7 +102,9 @@ pub struct Event {
     pub preview: Option<String>,
 }
 
-/// An event about to be appended: what [`Event`] holds, less its id and time.
+/// An event about to be appended: what [`Event`] holds, less its id and time, and less a
+/// message's id and preview (`message.created` is written by `messages::post` itself, in its
+/// message's statement).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NewEvent {
     pub(crate) contact_id: Uuid,
@@ -112,8 +114,6 @@ pub(crate) struct NewEvent {
     pub(crate) assignee_id: Option<Uuid>,
     pub(crate) previous_status: Option<ConversationStatus>,
     pub(crate) previous_assignee_id: Option<Uuid>,
-    pub(crate) message_id: Option<Uuid>,
-    pub(crate) preview: Option<String>,
 }
 
 impl NewEvent {
@@ -134,8 +134,8 @@ impl NewEvent {
 pub(crate) async fn append(conn: &mut PgConnection, tenant: TenantId, kind: EventKind, e: NewEvent) -> Result<()> {
     sqlx::query!(
         r#"INSERT INTO stream_events (tenant_id, kind, contact_id, conversation_id, inbox_id, status,
-                                      assignee_id, previous_status, previous_assignee_id, message_id, preview)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
+                                      assignee_id, previous_status, previous_assignee_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
         tenant.0,
         kind as EventKind,
         e.contact_id,
@@ -145,8 +145,6 @@ pub(crate) async fn append(conn: &mut PgConnection, tenant: TenantId, kind: Even
         e.assignee_id,
         e.previous_status as Option<ConversationStatus>,
         e.previous_assignee_id,
-        e.message_id,
-        e.preview,
     )
     .execute(conn)
     .await?;
