@@ -7,8 +7,8 @@
 # message, round-robin into 64 conversations of the seed's 55% tenant, for SECONDS_EACH after a
 # 5 s warm-up, against each variant in a fresh process:
 #   with     this commit's API;
-#   without  the same commit with without-outbox.patch applied (the post's `stream::append`
-#            taken out), built into target/without-outbox.
+#   without  the same commit with without-outbox.patch applied (the event's part taken out of
+#            the post's statement), built into target/without-outbox.
 # The rounds alternate which variant goes first. Prints each run's 2xx/s and latency and each
 # round's ratio with/without.
 #
@@ -34,6 +34,11 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+
+# The production tier's settings, from their one owner (the lab), as `NAME=value` words.
+TIER=$(sed -n 's/^pub(super) const PRODUCTION_TIER.*= \[\(.*\)\];$/\1/p' "$ROOT/crates/lab/src/lab/phase.rs" |
+  sed -e 's/("\([A-Z_]*\)", "\([^"]*\)")/\1=\2/g' -e 's/,//g')
+[[ $TIER == *TOKIO_WORKER_THREADS=* ]] || { echo "the lab's PRODUCTION_TIER was not found" >&2; exit 1; }
 
 for b in breakwater-api breakwater-seed loadlab xtask; do
   [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: build it first (see Usage)" >&2; exit 2; }
@@ -76,7 +81,7 @@ run() {
   local variant=$1 server=$BIN/breakwater-api
   [ "$variant" = without ] && server=$WITHOUT
   env DATABASE_URL="$PGURL/$DB" APP_ENV=development BIND_ADDR="127.0.0.1:$PORT" OPS_ADDR="127.0.0.1:$((PORT + 1))" \
-    ADMISSION=off THROTTLES=off TOKIO_WORKER_THREADS=1 MAX_ACCEPT_RATE=2000 LOG_FORMAT=json \
+    ADMISSION=off THROTTLES=off $TIER LOG_FORMAT=json \
     "$BIN/xtask" pinned -- "$server" serve > "$WORK/$variant.api.log" 2>&1 &
   API=$!
   local i
