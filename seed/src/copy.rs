@@ -45,55 +45,46 @@ impl Encoder {
         self.buf
     }
 
-    fn row(&mut self, fields: i16) {
-        self.buf.extend_from_slice(&fields.to_be_bytes());
-    }
-
-    fn len(&mut self, n: usize) {
-        let n = i32::try_from(n).expect("a field under 2 GiB");
-        self.buf.extend_from_slice(&n.to_be_bytes());
-    }
-
-    fn null(&mut self) {
-        self.buf.extend_from_slice(&(-1i32).to_be_bytes());
-    }
-
-    fn uuid(&mut self, id: Uuid) {
-        self.len(16);
-        self.buf.extend_from_slice(id.as_bytes());
-    }
-
-    fn opt_uuid(&mut self, id: Option<Uuid>) {
-        match id {
-            Some(id) => self.uuid(id),
-            None => self.null(),
+    /// One row: its field count, then each field.
+    fn row(&mut self, fields: &[Field<'_>]) {
+        let count = i16::try_from(fields.len()).expect("a row under 2^15 fields");
+        self.buf.extend_from_slice(&count.to_be_bytes());
+        for field in fields {
+            self.field(*field);
         }
     }
 
+    fn field(&mut self, field: Field<'_>) {
+        match field {
+            Field::Uuid(id) => self.value(id.as_bytes()),
+            Field::Text(s) => self.value(s.as_bytes()),
+            Field::Timestamp(unix_micros) => self.value(&(unix_micros - PG_EPOCH_OFFSET_MICROS).to_be_bytes()),
+            Field::Int4(n) => self.value(&i32::try_from(n).expect("a count under 2^31").to_be_bytes()),
+            Field::OptUuid(None) | Field::OptText(None) => self.buf.extend_from_slice(&(-1i32).to_be_bytes()),
+            Field::OptUuid(Some(id)) => self.field(Field::Uuid(id)),
+            Field::OptText(Some(s)) => self.field(Field::Text(s)),
+        }
+    }
+
+    /// A non-NULL field: its length, then its bytes.
+    fn value(&mut self, bytes: &[u8]) {
+        let len = i32::try_from(bytes.len()).expect("a field under 2 GiB");
+        self.buf.extend_from_slice(&len.to_be_bytes());
+        self.buf.extend_from_slice(bytes);
+    }
+}
+
+/// One field of a row, as its column's type sends it.
+#[derive(Debug, Clone, Copy)]
+enum Field<'a> {
+    Uuid(Uuid),
+    OptUuid(Option<Uuid>),
     /// `text`, and enum labels (an enum's binary form is its label).
-    fn text(&mut self, s: &str) {
-        self.len(s.len());
-        self.buf.extend_from_slice(s.as_bytes());
-    }
-
-    fn opt_text(&mut self, s: Option<&str>) {
-        match s {
-            Some(s) => self.text(s),
-            None => self.null(),
-        }
-    }
-
+    Text(&'a str),
+    OptText(Option<&'a str>),
     /// `timestamptz` from Unix microseconds.
-    fn timestamp(&mut self, unix_micros: i64) {
-        self.len(8);
-        self.buf.extend_from_slice(&(unix_micros - PG_EPOCH_OFFSET_MICROS).to_be_bytes());
-    }
-
-    fn int4(&mut self, n: u32) {
-        self.len(4);
-        let n = i32::try_from(n).expect("a count under 2^31");
-        self.buf.extend_from_slice(&n.to_be_bytes());
-    }
+    Timestamp(i64),
+    Int4(u32),
 }
 
 /// The tables the seeder writes, in the order their rows depend on each other.
@@ -161,73 +152,71 @@ impl Table {
     /// Encodes the rows `range` of the table (no header or trailer).
     pub(crate) fn encode(self, plan: &Plan, range: Range<usize>) -> Vec<u8> {
         let mut e = Encoder::with_capacity(range.len() * self.row_bytes_hint());
+        use Field::{Int4, OptText, OptUuid, Text, Timestamp, Uuid as Id};
         match self {
             Self::Tenants => {
                 for t in &plan.tenants[range] {
-                    e.row(3);
-                    e.uuid(t.id);
-                    e.text(&t.name);
-                    e.timestamp(t.created_at);
+                    e.row(&[Id(t.id), Text(&t.name), Timestamp(t.created_at)]);
                 }
             }
             Self::Users => {
                 for u in &plan.users[range] {
-                    e.row(6);
-                    e.uuid(u.tenant_id);
-                    e.uuid(u.id);
-                    e.text(&u.name);
-                    e.text(&u.email);
-                    e.text(if u.admin { "admin" } else { "agent" });
-                    e.timestamp(u.created_at);
+                    let role = if u.admin { "admin" } else { "agent" };
+                    e.row(&[
+                        Id(u.tenant_id),
+                        Id(u.id),
+                        Text(&u.name),
+                        Text(&u.email),
+                        Text(role),
+                        Timestamp(u.created_at),
+                    ]);
                 }
             }
             Self::Inboxes => {
                 for i in &plan.inboxes[range] {
-                    e.row(5);
-                    e.uuid(i.tenant_id);
-                    e.uuid(i.id);
-                    e.text(&i.name);
-                    e.text(i.channel);
-                    e.timestamp(i.created_at);
+                    e.row(&[Id(i.tenant_id), Id(i.id), Text(&i.name), Text(i.channel), Timestamp(i.created_at)]);
                 }
             }
             Self::Contacts => {
                 for c in &plan.contacts[range] {
-                    e.row(5);
-                    e.uuid(c.tenant_id);
-                    e.uuid(c.id);
-                    e.text(&c.name);
-                    e.opt_text(c.email.as_deref());
-                    e.timestamp(c.created_at);
+                    e.row(&[
+                        Id(c.tenant_id),
+                        Id(c.id),
+                        Text(&c.name),
+                        OptText(c.email.as_deref()),
+                        Timestamp(c.created_at),
+                    ]);
                 }
             }
             Self::Conversations => {
                 for c in &plan.conversations[range] {
-                    e.row(10);
-                    e.uuid(c.tenant_id);
-                    e.uuid(c.id);
-                    e.uuid(c.inbox_id);
-                    e.uuid(c.contact_id);
-                    e.opt_uuid(c.assignee_id);
-                    e.text(c.status.label());
-                    e.timestamp(c.created_at);
-                    e.timestamp(c.last_activity_at);
-                    e.opt_text(c.preview.as_deref());
-                    e.int4(c.message_count);
+                    e.row(&[
+                        Id(c.tenant_id),
+                        Id(c.id),
+                        Id(c.inbox_id),
+                        Id(c.contact_id),
+                        OptUuid(c.assignee_id),
+                        Text(c.status.label()),
+                        Timestamp(c.created_at),
+                        Timestamp(c.last_activity_at),
+                        OptText(c.preview.as_deref()),
+                        Int4(c.message_count),
+                    ]);
                 }
             }
             Self::Messages => {
                 let mut body = String::with_capacity(512);
                 for m in &plan.messages[range] {
-                    e.row(7);
-                    e.uuid(m.tenant_id);
-                    e.uuid(m.id);
-                    e.uuid(m.conversation_id);
-                    e.text(m.sender.label());
-                    e.opt_uuid(m.author_id);
                     plan.body(m, &mut body);
-                    e.text(&body);
-                    e.timestamp(m.created_at);
+                    e.row(&[
+                        Id(m.tenant_id),
+                        Id(m.id),
+                        Id(m.conversation_id),
+                        Text(m.sender.label()),
+                        OptUuid(m.author_id),
+                        Text(&body),
+                        Timestamp(m.created_at),
+                    ]);
                 }
             }
         }

@@ -15,6 +15,8 @@
 
 mod tenant;
 
+use std::ops::Range;
+
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use uuid::Uuid;
@@ -323,12 +325,12 @@ impl Plan {
 
         // Message ordinals are allotted per tenant up front, so tenants generate independently
         // (and in parallel) and still give the same rows.
-        let first_ordinal: Vec<usize> = messages
+        let ordinals: Vec<Range<usize>> = messages
             .iter()
             .scan(0usize, |next, m| {
-                let first = *next;
-                *next += m;
-                Some(first)
+                let ordinals = *next..*next + m;
+                *next = ordinals.end;
+                Some(ordinals)
             })
             .collect();
         let bodies = stream(seed, 0);
@@ -349,8 +351,7 @@ impl Plan {
                                 tenant: &tenants[t],
                                 domain: &domains[t],
                                 conversations: conversations[t],
-                                messages: messages[t],
-                                first_ordinal: first_ordinal[t],
+                                ordinals: ordinals[t].clone(),
                                 until,
                                 bodies: &bodies,
                             };

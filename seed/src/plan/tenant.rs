@@ -3,6 +3,8 @@
 //! (users, inboxes, opening times, contacts, message counts, then each conversation with its
 //! messages), so the same tenant always gets the same rows, whichever thread generates it.
 
+use std::ops::Range;
+
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -57,8 +59,8 @@ pub(super) struct TenantCtx<'a> {
     pub(super) tenant: &'a Tenant,
     pub(super) domain: &'a str,
     pub(super) conversations: usize,
-    pub(super) messages: usize,
-    pub(super) first_ordinal: usize,
+    /// The ordinals of the tenant's messages: as many as it has, allotted to it up front.
+    pub(super) ordinals: Range<usize>,
     pub(super) until: i64,
     pub(super) bodies: &'a ChaCha8Rng,
 }
@@ -76,7 +78,7 @@ impl TenantCtx<'_> {
             inboxes,
             contacts,
             conversations: Vec::with_capacity(self.conversations),
-            messages: Vec::with_capacity(self.messages),
+            messages: Vec::with_capacity(self.ordinals.len()),
         };
         self.add_conversations(rng, &mut rows, &agent_ids, &opened, &slots, &counts);
         rows.messages.sort_unstable_by_key(|m| m.id);
@@ -183,7 +185,7 @@ impl TenantCtx<'_> {
 
     /// How many messages each conversation has; they add up to the tenant's messages.
     fn message_counts(&self, rng: &mut ChaCha8Rng) -> Vec<usize> {
-        let (convs, msgs) = (self.conversations, self.messages);
+        let (convs, msgs) = (self.conversations, self.ordinals.len());
 
         // Messages per conversation: at least one (but for 1 in 200 just opened by an agent),
         // the rest dealt by log-normal weights, so a few conversations run to hundreds.
@@ -221,7 +223,7 @@ impl TenantCtx<'_> {
         // Gaps between messages: a few minutes typically, hours sometimes, and now and then the
         // contact comes back days later.
         let gap = LogNormal::new(180f64.ln(), 1.6).expect("finite parameters");
-        let mut ordinal = index32(self.first_ordinal);
+        let mut ordinal = index32(self.ordinals.start);
         let mut times = Vec::new();
         let mut scratch = String::new();
         for (i, &created_at) in opened.iter().enumerate() {

@@ -2,195 +2,22 @@
 //! a South-East Asian contact list mixes, their personal and work emails, and the names of the
 //! tenants (with a mail domain each) and of their inboxes.
 
+use std::sync::LazyLock;
+
 use rand::Rng;
 use rand::seq::IndexedRandom;
 
 use super::pick_str;
 
-const FIRST: &[&str] = &[
-    "Ahmad",
-    "Muhammad",
-    "Nur",
-    "Siti",
-    "Aisyah",
-    "Farah",
-    "Hafiz",
-    "Amir",
-    "Nurul",
-    "Faizal",
-    "Zainab",
-    "Haziq",
-    "Irfan",
-    "Syafiq",
-    "Izzati",
-    "Hanis",
-    "Aina",
-    "Danial",
-    "Sofea",
-    "Adam",
-    "Iman",
-    "Khairul",
-    "Liyana",
-    "Razak",
-    "Wei Ming",
-    "Mei Ling",
-    "Jia Hui",
-    "Kah Wai",
-    "Li Ting",
-    "Zhi Hao",
-    "Xin Yi",
-    "Jun Jie",
-    "Siew Lan",
-    "Chee Keong",
-    "Hui Min",
-    "Kok Leong",
-    "Priya",
-    "Arjun",
-    "Kavitha",
-    "Suresh",
-    "Ramesh",
-    "Deepa",
-    "Lakshmi",
-    "Ganesh",
-    "Anand",
-    "Meena",
-    "Vijay",
-    "Divya",
-    "Harish",
-    "Revathi",
-    "James",
-    "Olivia",
-    "Emma",
-    "Liam",
-    "Noah",
-    "Sophia",
-    "Michael",
-    "Sarah",
-    "David",
-    "Jessica",
-    "Daniel",
-    "Emily",
-    "Chloe",
-    "Lucas",
-    "Mia",
-    "Ethan",
-    "Grace",
-    "Ryan",
-    "Hannah",
-    "Nicholas",
-    "Rachel",
-    "Benjamin",
-    "Putri",
-    "Budi",
-    "Dewi",
-    "Agus",
-    "Rizky",
-    "Maria",
-    "José",
-    "Angelica",
-    "Mark",
-    "Joy",
-    "Somchai",
-    "Anong",
-    "Thanh",
-    "Linh",
-    "Minh",
-    "Hiroshi",
-    "Yuki",
-    "Min-jun",
-    "Ji-woo",
-    "Zoë",
-    "Chloé",
-    "Björn",
-    "Łukasz",
-    "Renée",
-    "Søren",
-    "François",
-    "Ana",
-    "Mateo",
-    "Valentina",
-    "Omar",
-    "Fatima",
-    "Yusuf",
-    "Layla",
-];
+/// Given names, one a line: the long lists are data, kept in text files beside this one. Each
+/// list is picked from by index with the seeded generator, so the files' lines and their order
+/// are part of the dataset.
+static FIRST: LazyLock<Vec<&str>> = LazyLock::new(|| include_str!("first_names.txt").lines().collect());
+/// Family names, one a line.
+static LAST: LazyLock<Vec<&str>> = LazyLock::new(|| include_str!("last_names.txt").lines().collect());
 
-const LAST: &[&str] = &[
-    "Tan",
-    "Lim",
-    "Lee",
-    "Wong",
-    "Ng",
-    "Chan",
-    "Ong",
-    "Goh",
-    "Chong",
-    "Teo",
-    "Yap",
-    "Low",
-    "Abdullah",
-    "Ismail",
-    "Rahman",
-    "Hassan",
-    "Ibrahim",
-    "Yusof",
-    "Othman",
-    "Aziz",
-    "Hamid",
-    "Razali",
-    "Kumar",
-    "Raj",
-    "Pillai",
-    "Nair",
-    "Singh",
-    "Subramaniam",
-    "Krishnan",
-    "Muthu",
-    "Smith",
-    "Johnson",
-    "Williams",
-    "Brown",
-    "Jones",
-    "Taylor",
-    "Wilson",
-    "Garcia",
-    "Martinez",
-    "Nguyen",
-    "Tran",
-    "Pham",
-    "Santos",
-    "Reyes",
-    "Cruz",
-    "Bautista",
-    "Wijaya",
-    "Santoso",
-    "Halim",
-    "Müller",
-    "Schmidt",
-    "O'Brien",
-    "Dubois",
-    "Rossi",
-    "Kowalski",
-    "Sato",
-    "Suzuki",
-    "Kim",
-    "Park",
-    "Choi",
-    "Fernandes",
-    "D'Souza",
-    "Ali",
-    "Khan",
-    "Chua",
-    "Koh",
-    "Sim",
-    "Foo",
-    "Leong",
-    "Ho",
-];
-
-/// Chinese given names, for the surname-first pattern. Its first twelve stand in `FIRST` too,
-/// in the same order: that is data, not repeated code. Each list is picked from by index with
-/// the seeded generator, so each keeps its own members and order (the dataset depends on both).
+/// Chinese given names, for the surname-first pattern. Its first twelve are in `FIRST` too, in
+/// the same order: each list keeps its own members and order, as the dataset depends on both.
 const CHINESE_GIVEN: &[&str] = &[
     "Wei Ming",
     "Mei Ling",
@@ -331,7 +158,7 @@ pub(crate) fn person(rng: &mut impl Rng) -> Person {
     let pick = |rng: &mut _, list: &'static [&'static str]| *list.choose(rng).unwrap_or(&"Alex");
     let p: f64 = rng.random();
     if p < 0.50 {
-        let (first, last) = (pick(rng, FIRST), pick(rng, LAST));
+        let (first, last) = (pick(rng, &FIRST), pick(rng, &LAST));
         Person { name: format!("{first} {last}"), first, last }
     } else if p < 0.62 {
         let female = rng.random_bool(0.5);
@@ -343,20 +170,20 @@ pub(crate) fn person(rng: &mut impl Rng) -> Person {
         let (last, first) = (pick(rng, CHINESE_SURNAMES), pick(rng, CHINESE_GIVEN));
         Person { name: format!("{last} {first}"), first, last }
     } else if p < 0.80 {
-        let first = pick(rng, FIRST);
+        let first = pick(rng, &FIRST);
         Person { name: first.to_owned(), first, last: "" }
     } else if p < 0.85 {
-        let (first, last) = (pick(rng, FIRST), pick(rng, LAST));
+        let (first, last) = (pick(rng, &FIRST), pick(rng, &LAST));
         Person { name: format!("{} {}", first.to_lowercase(), last.to_lowercase()), first, last }
     } else if p < 0.93 {
-        let (first, last) = (pick(rng, FIRST), pick(rng, LAST));
+        let (first, last) = (pick(rng, &FIRST), pick(rng, &LAST));
         let initial = char::from(b'A' + rng.random_range(0..26u8));
         Person { name: format!("{first} {initial}. {last}"), first, last }
     } else if p < 0.97 {
-        let (first, last, other) = (pick(rng, FIRST), pick(rng, LAST), pick(rng, LAST));
+        let (first, last, other) = (pick(rng, &FIRST), pick(rng, &LAST), pick(rng, &LAST));
         Person { name: format!("{first} {last}-{other}"), first, last }
     } else {
-        let (first, last) = (pick(rng, FIRST), pick(rng, LAST));
+        let (first, last) = (pick(rng, &FIRST), pick(rng, &LAST));
         Person { name: format!("{} {}", first.to_uppercase(), last.to_uppercase()), first, last }
     }
 }
@@ -466,6 +293,16 @@ mod tests {
             let (local, domain) = email.split_once('@').expect("an @");
             assert!(!local.is_empty() && domain.contains('.'), "{email}");
             assert!(email.is_ascii() && email.len() <= 320, "{email}");
+        }
+    }
+
+    #[test]
+    fn the_name_files_hold_one_name_a_line() {
+        for list in [&FIRST, &LAST] {
+            assert!(list.len() >= 50, "a list of {} names", list.len());
+            for name in list.iter() {
+                assert!(!name.is_empty() && name.trim() == *name && !name.contains('"'), "{name:?}");
+            }
         }
     }
 
