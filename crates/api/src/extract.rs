@@ -3,7 +3,6 @@
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
-use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -42,45 +41,26 @@ fn json_rejection(rejection: &JsonRejection, limit: Option<usize>) -> ApiError {
 }
 
 /// `axum::extract::Path`, rejecting with the envelope: a malformed id is a 400 naming it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct Path<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for Path<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(value)) => Ok(Self(value)),
-            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(ApiError::InvalidRequest(e.body_text())),
-            Err(other) => Err(ApiError::Internal(anyhow::anyhow!("path extraction: {other}"))),
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        match rejection {
+            PathRejection::FailedToDeserializePathParams(e) => Self::InvalidRequest(e.body_text()),
+            other => Self::Internal(anyhow::anyhow!("path extraction: {other}")),
         }
     }
 }
 
-// `Json`, `Path` and `Query` share a shape, not logic: each wraps its own axum extractor (of
-// the body or of the parts) and maps its own rejections; a macro over three short impls would
-// hide exactly what differs.
-
 /// `axum::extract::Query`, rejecting with the envelope (400 naming the bad parameter).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
 pub struct Query<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for Query<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(value)) => Ok(Self(value)),
-            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::InvalidRequest(e.body_text())),
-            Err(other) => Err(ApiError::InvalidRequest(other.body_text())),
-        }
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::InvalidRequest(rejection.body_text())
     }
 }
