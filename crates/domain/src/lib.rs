@@ -59,6 +59,12 @@ pub fn pool_options(ping_after_idle: std::time::Duration) -> sqlx::postgres::PgP
 
 /// Applies the migrations embedded from the workspace's `migrations/` folder.
 ///
+/// A migration that has been applied is never edited: sqlx refuses to run against a database
+/// whose applied migration's checksum has changed. That is why the first migration's tenant-owned
+/// tables (users, inboxes, contacts) keep their like-shaped opening columns (`tenant_id`, `id`,
+/// `name`, ..., the composite primary key), which the `duplicates` tool pairs: each is its own
+/// table's definition, and a change to them would be a new migration.
+///
 /// # Errors
 /// When the database is unreachable or a migration fails.
 pub async fn migrate(pool: &Pool) -> std::result::Result<(), sqlx::migrate::MigrateError> {
