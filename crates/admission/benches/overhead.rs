@@ -82,7 +82,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("admitted", |b| {
         b.iter(|| black_box(once(&mut admitted)));
     });
-    assert_eq!(admission.snapshot().shed.total(), 0);
+    assert_eq!(admission.snapshot().load.shed.total(), 0);
 
     // A class with one slot, held for the whole run by a response whose body is never read,
     // and no queue: every request is refused.
@@ -95,7 +95,7 @@ fn bench(c: &mut Criterion) {
     let held = refused.call(request()).now_or_never();
     // Checked before any bench runs, so that a filter that skips "refused" cannot skip it.
     black_box(once(&mut refused));
-    assert!(full.snapshot().shed.queue_full > 0, "the held slot refuses");
+    assert!(full.snapshot().load.shed.queue_full > 0, "the held slot refuses");
     group.bench_function("refused", |b| {
         b.iter(|| black_box(once(&mut refused)));
     });

@@ -28,7 +28,7 @@
 //! );
 //! # let _ = layer;
 //! let figures = admission.snapshot(); // serde::Serialize
-//! assert_eq!(figures.in_flight, 0);
+//! assert_eq!(figures.load.in_flight, 0);
 //! ```
 
 mod body;
@@ -51,5 +51,5 @@ pub use pacing::{
     PaceableRefusal, PacedFuture, PacingConfig, PacingSnapshot, RetryPacing, RetryPacingLayer, RetryPacingService,
 };
 pub use refusal::{Refusal, RefusalReason, Render};
-pub use snapshot::{ClassSnapshot, ShedTotals, Snapshot};
+pub use snapshot::{ClassSnapshot, Load, ShedTotals, Snapshot};
 pub use state::Admission;

@@ -92,11 +92,11 @@ where
 }
 
 fn in_flight(a: &Admission) -> usize {
-    a.snapshot().in_flight
+    a.snapshot().load.in_flight
 }
 
 fn queued(a: &Admission) -> usize {
-    a.snapshot().queue_depth
+    a.snapshot().load.queue_depth
 }
 
 /// Lets spawned tasks run until they block.
@@ -175,7 +175,7 @@ async fn the_slot_is_held_until_the_body_has_been_sent() {
     drop(tx);
     assert!(body.frame().await.is_none());
     assert_eq!(in_flight(&a), 0, "end of stream frees the slot");
-    assert_eq!(a.snapshot().admitted_total, 1);
+    assert_eq!(a.snapshot().load.admitted_total, 1);
 }
 
 #[tokio::test]
@@ -183,8 +183,8 @@ async fn a_long_lived_response_frees_its_slot_with_its_head() {
     let a = admission(static_config(1, 0));
     let (tx, res) = streamed_response(&a, true).await;
     assert_eq!(in_flight(&a), 0, "a stream's head is its request's end");
-    assert_eq!(a.snapshot().admitted_total, 1);
-    assert!(a.snapshot().p50_ms.is_some(), "the time to its head is a latency sample");
+    assert_eq!(a.snapshot().load.admitted_total, 1);
+    assert!(a.snapshot().load.p50_ms.is_some(), "the time to its head is a latency sample");
     // Its body still runs.
     let mut body = res.into_body();
     let _ = tx.send(Bytes::from_static(b"event")).await;
@@ -202,7 +202,7 @@ async fn a_body_dropped_midway_frees_the_slot() {
     drop(body); // the client went away mid-stream
     assert_eq!(in_flight(&a), 0);
     // An unfinished response is not a latency sample.
-    assert_eq!(a.snapshot().p50_ms, None);
+    assert_eq!(a.snapshot().load.p50_ms, None);
 }
 
 #[tokio::test]
@@ -297,7 +297,7 @@ async fn over_a_buffer_an_exhausted_coop_budget_is_not_overload() {
     assert_eq!(statuses.len(), N);
     assert!(statuses.iter().all(|s| *s == Some(StatusCode::OK)));
     let snap = a.snapshot();
-    assert_eq!((snap.admitted_total, snap.shed.total()), (N as u64, 0));
+    assert_eq!((snap.load.admitted_total, snap.load.shed.total()), (N as u64, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -317,8 +317,8 @@ async fn the_queue_honours_its_bound_and_its_max_wait() {
     let max_wait = Duration::from_millis(100);
     assert!(timeouts.iter().all(|r| r.1 >= max_wait && r.1 < max_wait + Duration::from_millis(2)));
     let snap = a.snapshot();
-    assert_eq!((snap.shed.queue_full, snap.shed.queue_timeout), (3, 4));
-    assert_eq!(snap.queue_depth, 0);
+    assert_eq!((snap.load.shed.queue_full, snap.load.shed.queue_timeout), (3, 4));
+    assert_eq!(snap.load.queue_depth, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -437,7 +437,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_the_door() {
     run_pending().await;
     assert_eq!(queued(&a), 4, "a deadline that can be met waits like anyone");
     drop(waiting);
-    assert_eq!(a.snapshot().shed.deadline, 1);
+    assert_eq!(a.snapshot().load.shed.deadline, 1);
 }
 
 #[tokio::test]
@@ -448,7 +448,7 @@ async fn bypass_routes_are_never_counted_queued_or_refused() {
     let (code, refusal) = status(svc, request("/health", None)).await;
     assert_eq!((code, refusal), (StatusCode::OK, None));
     let snap = a.snapshot();
-    assert_eq!((snap.bypassed_total, snap.admitted_total), (1, 1));
+    assert_eq!((snap.bypassed_total, snap.load.admitted_total), (1, 1));
 }
 
 #[tokio::test]
@@ -471,10 +471,10 @@ async fn cheap_reads_do_not_wait_behind_saturated_lists() {
     let read = tokio::spawn(status(svc.clone(), request("/read", None)));
     run_pending().await;
     let snap = a.snapshot();
-    assert_eq!(snap.classes[0].in_flight, 1);
-    assert_eq!(snap.classes[0].queue_depth, 2);
-    assert_eq!(snap.classes[1].in_flight, 1, "the read went straight in");
-    assert_eq!(snap.classes[1].queue_depth, 0);
+    assert_eq!(snap.classes[0].load.in_flight, 1);
+    assert_eq!(snap.classes[0].load.queue_depth, 2);
+    assert_eq!(snap.classes[1].load.in_flight, 1, "the read went straight in");
+    assert_eq!(snap.classes[1].load.queue_depth, 0);
     gate.open.add_permits(10);
     assert_eq!(read.await.map(|r| r.0).ok(), Some(StatusCode::OK));
     for l in lists {
@@ -514,13 +514,13 @@ async fn off_mode_never_refuses_but_still_counts() {
     let calls: Vec<_> = (0..500).map(|_| tokio::spawn(status(svc.clone(), request("/", None)))).collect();
     run_pending().await;
     let snap = a.snapshot();
-    assert_eq!((snap.in_flight, snap.limit, snap.queue_depth), (500, None, 0));
+    assert_eq!((snap.load.in_flight, snap.limit, snap.load.queue_depth), (500, None, 0));
     gate.open.add_permits(500);
     for c in calls {
         assert_eq!(c.await.map(|r| r.0).ok(), Some(StatusCode::OK));
     }
     let snap = a.snapshot();
-    assert_eq!((snap.high_water, snap.shed.total()), (500, 0));
+    assert_eq!((snap.load.high_water, snap.load.shed.total()), (500, 0));
     let json = serde_json::to_value(&snap).unwrap_or_default();
     assert_eq!(json["mode"], "off");
     assert_eq!(json["classes"][0]["name"], "default");

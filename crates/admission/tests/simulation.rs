@@ -231,10 +231,10 @@ async fn at_10x_admitted_work_meets_the_target_and_refusals_are_immediate() {
     let all = run.records(0.0);
     let snap = run.admission.snapshot();
     let ok = all.iter().filter(|r| r.status == 200).count() as u64;
-    assert_eq!(snap.admitted_total, ok);
-    assert_eq!(snap.shed.total(), all.len() as u64 - ok);
-    assert_eq!((snap.in_flight, snap.queue_depth), (0, 0));
-    assert!(snap.high_water >= 20);
+    assert_eq!(snap.load.admitted_total, ok);
+    assert_eq!(snap.load.shed.total(), all.len() as u64 - ok);
+    assert_eq!((snap.load.in_flight, snap.load.queue_depth), (0, 0));
+    assert!(snap.load.high_water >= 20);
 }
 
 #[tokio::test(start_paused = true)]

@@ -159,35 +159,35 @@ impl crate::figures::Publish for breakwater_admission::Snapshot {
         .emf("AdmissionLimit", Unit::Count, Lines::Class)
         .ops("classes/{class}/limit");
         per_class(out.figure(Kind::Gauge, "admission_in_flight", "Requests holding an admission slot"), classes, |c| {
-            Some(c.in_flight.into())
+            Some(c.load.in_flight.into())
         })
         .emf("AdmissionInFlight", Unit::Count, Lines::TaskAndClass)
         .ops("classes/{class}/in_flight");
         per_class(
             out.figure(Kind::Gauge, "admission_queue_depth", "Requests waiting for an admission slot"),
             classes,
-            |c| Some(c.queue_depth.into()),
+            |c| Some(c.load.queue_depth.into()),
         )
         .emf("AdmissionQueueDepth", Unit::Count, Lines::TaskAndClass)
         .ops("classes/{class}/queue_depth");
         per_class(out.figure(Kind::Counter, "admission_admitted", "Requests admitted"), classes, |c| {
-            Some(c.admitted_total.into())
+            Some(c.load.admitted_total.into())
         })
         .emf("AdmissionAdmitted", Unit::Count, Lines::TaskAndClass)
         .ops("classes/{class}/admitted_total");
         let shed = out.figure(Kind::Counter, "admission_shed", "Requests refused by admission, by reason");
         for c in classes {
             for (reason, n) in [
-                ("queue_full", c.shed.queue_full),
-                ("queue_timeout", c.shed.queue_timeout),
-                ("deadline", c.shed.deadline),
+                ("queue_full", c.load.shed.queue_full),
+                ("queue_timeout", c.load.shed.queue_timeout),
+                ("deadline", c.load.shed.deadline),
             ] {
                 shed.series(&[("class", c.name.as_str()), ("reason", reason)], n);
             }
         }
         shed.emf("AdmissionShed", Unit::Count, Lines::TaskAndClass).ops("classes/{class}/shed/{reason}");
         per_class(out.figure(Kind::Gauge, "admission_p95_ms", "p95 latency of admitted requests, ms"), classes, |c| {
-            c.p95_ms.map(Number::from)
+            c.load.p95_ms.map(Number::from)
         })
         .unknown_in_prometheus_as(0.0)
         .emf("AdmissionP95", Unit::Milliseconds, Lines::Class)

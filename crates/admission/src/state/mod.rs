@@ -19,7 +19,7 @@ use crate::histogram::Histogram;
 use crate::keys::KeyHasher;
 use crate::queue::{FairQueue, Outcome, Waiter};
 use crate::refusal::{Refusal, RefusalReason, retry_after};
-use crate::snapshot::{ClassSnapshot, ShedTotals, Snapshot};
+use crate::snapshot::{ClassSnapshot, Load, ShedTotals, Snapshot};
 pub(crate) use slot::{SlotGuard, Ticket};
 
 /// How long each half of the live latency histogram covers: p50/p95 describe the last 10-20 s.
@@ -185,16 +185,18 @@ impl Admission {
                     name: class.config.name.clone(),
                     limit: (limit != usize::MAX).then_some(limit),
                     limit_estimate: st.controller.estimate(),
-                    in_flight: st.in_flight,
-                    high_water: st.high_water,
-                    queue_depth: st.queue.len(),
-                    queue_capacity: class.config.queue_capacity,
-                    max_queue_wait_ms: ms(class.config.max_queue_wait),
-                    latency_target_ms: ms(class.config.latency_target),
-                    admitted_total: st.admitted,
-                    shed: st.shed,
-                    p50_ms: q(0.5),
-                    p95_ms: q(0.95),
+                    load: Load {
+                        in_flight: st.in_flight,
+                        high_water: st.high_water,
+                        queue_depth: st.queue.len(),
+                        queue_capacity: class.config.queue_capacity,
+                        max_queue_wait_ms: ms(class.config.max_queue_wait),
+                        latency_target_ms: ms(class.config.latency_target),
+                        admitted_total: st.admitted,
+                        shed: st.shed,
+                        p50_ms: q(0.5),
+                        p95_ms: q(0.95),
+                    },
                     baseline_ms: st.controller.baseline().map(|b| b * 1e3),
                     throughput_per_sec: st.throughput,
                 }

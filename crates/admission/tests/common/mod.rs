@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use breakwater_admission::{Admission, AdmissionService, ClassId, Refusal, RefusalReason, Route};
+use breakwater_admission::{Admission, AdmissionBody, AdmissionService, ClassId, Refusal, RefusalReason, Route};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -24,6 +24,23 @@ pub type Body = Full<Bytes>;
 pub type Classify = fn(&Request<Body>) -> Route;
 pub type TenantKey = fn(&Request<Body>) -> Option<u64>;
 pub type Admitted<S> = AdmissionService<S, Classify, TenantKey>;
+
+/// What the load generators here call: admission's service, or one in front of it.
+pub trait Callee:
+    Service<Request<Body>, Response = Response<AdmissionBody<Body>>, Future: Send, Error: std::fmt::Debug + Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Callee for S where
+    S: Service<Request<Body>, Response = Response<AdmissionBody<Body>>, Future: Send, Error: std::fmt::Debug + Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
 
 /// `workers` CPUs each taking `cpu_ms` (+-50% jitter) per request, then `io_ms` of waiting that
 /// needs no CPU. Capacity = workers / cpu; the knee (Little's law) = capacity x (cpu + io).
@@ -144,7 +161,7 @@ pub type Log = Arc<Mutex<Vec<Record>>>;
 /// Sends one request and records what came back, including the time to read the whole body.
 pub async fn send<S>(svc: S, req: Request<Body>, log: Log)
 where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>>,
+    S: Service<Request<Body>, Response = Response<AdmissionBody<Body>>>,
     S::Error: std::fmt::Debug,
 {
     let sent = Instant::now();
@@ -180,12 +197,7 @@ pub struct Traffic {
     pub tenant: Option<u64>,
 }
 
-pub async fn drive<S>(svc: &S, traffic: &[Traffic], duration: Duration, log: &Log, seed: u64)
-where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: std::fmt::Debug + Send,
-{
+pub async fn drive<S: Callee>(svc: &S, traffic: &[Traffic], duration: Duration, log: &Log, seed: u64) {
     let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     let mut acc = vec![0.0f64; traffic.len()];
@@ -299,27 +311,53 @@ where
     }
 }
 
-/// `callers` closed-loop callers, each `caller(svc, c)` (`c` counting from 0) on a task of its own.
-fn closed_loop<S, T, F, Fut>(svc: &S, callers: usize, caller: F) -> tokio::task::JoinSet<T>
+/// `callers` closed-loop callers for `duration`, each on a task of its own: caller `c` (counting
+/// from 0) sends as tenant and caller `who(c)`, reads each answer to the end and sends its next
+/// request at once, but after a refusal it first waits for what `refused(tally, c, retry_after)`
+/// returns, which may also note the refusal in the caller's `tally`. Returns the 200s answered
+/// at or after `from`, and every caller's tally.
+async fn closed_loop<S, T, F>(
+    svc: &S,
+    callers: usize,
+    duration: Duration,
+    from: Duration,
+    who: fn(usize) -> usize,
+    refused: F,
+) -> (usize, Vec<T>)
 where
-    S: Clone,
-    F: Fn(S, usize) -> Fut,
-    Fut: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
+    S: Callee,
+    T: Default + Send + 'static,
+    F: Fn(&mut T, usize, Option<u32>) -> Option<Duration> + Clone + Send + 'static,
 {
+    let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..callers {
-        tasks.spawn(caller(svc.clone(), c));
+        let (svc, refused) = (svc.clone(), refused.clone());
+        tasks.spawn(async move {
+            let (mut ok, mut tally) = (0, T::default());
+            while start.elapsed() < duration {
+                let (status, retry_after) = call_as(svc.clone(), who(c), who(c)).await;
+                if status == http::StatusCode::OK {
+                    ok += usize::from(start.elapsed() >= from);
+                } else if let Some(wait) = refused(&mut tally, c, retry_after) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            (ok, tally)
+        });
     }
-    tasks
+    let (mut ok, mut tallies) = (0, Vec::new());
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((n, tally)) = joined {
+            ok += n;
+            tallies.push(tally);
+        }
+    }
+    (ok, tallies)
 }
 
 /// One request from `caller` as `tenant`, read to the end: its status and its `Retry-After`.
-async fn call_as<S>(svc: S, tenant: usize, caller: usize) -> (http::StatusCode, Option<u32>)
-where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>>,
-    S::Error: std::fmt::Debug,
-{
+async fn call_as<S: Callee>(svc: S, tenant: usize, caller: usize) -> (http::StatusCode, Option<u32>) {
     let req = Request::builder()
         .uri("/")
         .header("x-tenant", tenant.to_string())
@@ -336,27 +374,8 @@ where
 /// `callers` closed-loop callers that ignore `Retry-After`: each sends its next request as soon
 /// as the last is answered, for `duration`. All of them one caller and one tenant, like one
 /// token's worth of k6 VUs. Returns the 200s answered at or after `from`.
-pub async fn spin<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> usize
-where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: std::fmt::Debug + Send,
-{
-    let start = Instant::now();
-    let mut tasks = closed_loop(svc, callers, |svc, _| async move {
-        let mut ok = 0;
-        while start.elapsed() < duration {
-            let (status, _) = call_as(svc.clone(), 1, 1).await;
-            if status == http::StatusCode::OK && start.elapsed() >= from {
-                ok += 1;
-            }
-        }
-        ok
-    });
-    let mut ok = 0;
-    while let Some(n) = tasks.join_next().await {
-        ok += n.unwrap_or(0);
-    }
+pub async fn spin<S: Callee>(svc: &S, callers: usize, duration: Duration, from: Duration) -> usize {
+    let (ok, _) = closed_loop(svc, callers, duration, from, |_| 1, |_: &mut (), _, _| None).await;
     ok
 }
 
@@ -374,38 +393,15 @@ pub struct Honoured {
 
 /// `callers` closed-loop callers that honour `Retry-After`, as SDK retry policies do: after a
 /// refusal a caller sends nothing until the header's seconds, times a jitter factor in
-/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`. It shares
-/// `spin`'s parts (`closed_loop`, `call_as`); what still looks alike, the bounds and the loop's
-/// head, is the shape of two different callers, which one function behind a flag would blur.
-pub async fn honour<S>(svc: &S, callers: usize, duration: Duration, from: Duration) -> Honoured
-where
-    S: Service<Request<Body>, Response = Response<breakwater_admission::AdmissionBody<Body>>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: std::fmt::Debug + Send,
-{
-    let start = Instant::now();
-    let mut tasks = closed_loop(svc, callers, |svc, c| async move {
-        let mut seen = Honoured::default();
-        let mut n = c as u64;
-        while start.elapsed() < duration {
-            let (status, header) = call_as(svc.clone(), c, c).await;
-            if status == http::StatusCode::OK {
-                if start.elapsed() >= from {
-                    seen.ok += 1;
-                }
-            } else if let Some(secs) = header {
-                seen.retry_after.push(secs);
-                n += callers as u64;
-                let jitter = 1.0 + (splitmix(n) % 1_000) as f64 / 5_000.0;
-                tokio::time::sleep(Duration::from_secs(u64::from(secs)).mul_f64(jitter)).await;
-            }
-        }
-        seen
-    });
-    let mut all = Honoured::default();
-    while let Some(Ok(seen)) = tasks.join_next().await {
-        all.ok += seen.ok;
-        all.retry_after.extend(seen.retry_after);
-    }
-    all
+/// [1, 1.2), have passed. Each is a caller and tenant of its own. For `duration`. The loop is
+/// `spin`'s (`closed_loop`); what is its own is the wait after a refusal.
+pub async fn honour<S: Callee>(svc: &S, callers: usize, duration: Duration, from: Duration) -> Honoured {
+    let wait = move |seen: &mut Vec<u32>, c: usize, header: Option<u32>| {
+        let secs = header?;
+        seen.push(secs);
+        let jitter = 1.0 + (splitmix((c + callers * seen.len()) as u64) % 1_000) as f64 / 5_000.0;
+        Some(Duration::from_secs(u64::from(secs)).mul_f64(jitter))
+    };
+    let (ok, seen) = closed_loop(svc, callers, duration, from, |c| c, wait).await;
+    Honoured { ok, retry_after: seen.concat() }
 }
