@@ -123,8 +123,8 @@ pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next:
 
 impl crate::figures::Publish for BulkheadStatus {
     fn publish(&self, out: &mut crate::figures::Figures) {
-        use crate::figures::{Lines, NOT_ALARMED, SETTING, Unit};
-        out.gauge("bulkhead_slots", "Database bulkhead slots", self.size).no_emf(SETTING).ops("size");
+        use crate::figures::{Lines, NOT_ALARMED, Unit};
+        out.setting("bulkhead_slots", "Database bulkhead slots", self.size).ops("size");
         out.gauge("bulkhead_in_use", "Database bulkhead slots held", self.in_use).no_emf(NOT_ALARMED).ops("in_use");
         out.gauge("bulkhead_waiting", "Requests waiting for a database slot", self.waiting)
             .no_emf(NOT_ALARMED)

@@ -15,23 +15,41 @@ use crate::stats::Hist;
 pub struct Second {
     /// Seconds since the step began.
     pub second: u32,
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// The 2xx's latency from the intended send (coordinated omission corrected), ms.
+    pub ok_p50_ms: f64,
+    pub ok_p99_ms: f64,
+}
+
+/// A second's requests: those meant to be sent in it, and how those that ended in it ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
     /// Requests meant to be sent in this second (by the schedule).
     pub offered: u64,
     /// Of the requests that ended in this second: 2xx, refusals by code, errors by kind.
     pub ok: u64,
     pub refused: BTreeMap<String, u64>,
     pub errors: BTreeMap<String, u64>,
-    /// The 2xx's latency from the intended send (coordinated omission corrected), ms.
-    pub ok_p50_ms: f64,
-    pub ok_p99_ms: f64,
+}
+
+impl Counts {
+    /// Adds `other`'s requests to these (the same second of several loads).
+    pub fn add(&mut self, other: &Self) {
+        self.offered += other.offered;
+        self.ok += other.ok;
+        for (code, n) in &other.refused {
+            *self.refused.entry(code.clone()).or_default() += n;
+        }
+        for (kind, n) in &other.errors {
+            *self.errors.entry(kind.clone()).or_default() += n;
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Acc {
-    offered: u64,
-    ok: u64,
-    refused: BTreeMap<String, u64>,
-    errors: BTreeMap<String, u64>,
+    counts: Counts,
     ok_latency: Option<Hist>,
 }
 
@@ -56,15 +74,15 @@ impl Timeline {
     }
 
     pub fn record(&mut self, intended: Instant, end: Instant, outcome: &Outcome) {
-        self.at(intended).offered += 1;
+        self.at(intended).counts.offered += 1;
         let acc = self.at(end);
         match outcome {
             Outcome::Ok => {
-                acc.ok += 1;
+                acc.counts.ok += 1;
                 acc.ok_latency.get_or_insert_with(Hist::coarse).record(end.saturating_duration_since(intended));
             }
-            Outcome::Refused { code, .. } => *acc.refused.entry(code.clone()).or_default() += 1,
-            Outcome::Error { kind } => *acc.errors.entry(kind.clone()).or_default() += 1,
+            Outcome::Refused { code, .. } => *acc.counts.refused.entry(code.clone()).or_default() += 1,
+            Outcome::Error { kind } => *acc.counts.errors.entry(kind.clone()).or_default() += 1,
         }
     }
 
@@ -76,10 +94,7 @@ impl Timeline {
                 let p = a.ok_latency.as_ref().map(Hist::summary).unwrap_or_default();
                 Second {
                     second: u32::try_from(i).unwrap_or(u32::MAX),
-                    offered: a.offered,
-                    ok: a.ok,
-                    refused: a.refused.clone(),
-                    errors: a.errors.clone(),
+                    counts: a.counts.clone(),
                     ok_p50_ms: p.p50_ms,
                     ok_p99_ms: p.p99_ms,
                 }
@@ -104,10 +119,28 @@ mod tests {
         t.record(s(1_500), s(1_510), &Outcome::Refused { code: "load_shed".into(), retry_after: true });
         t.record(s(2_100), s(2_200), &Outcome::error("status_502"));
         let secs = t.seconds();
-        assert_eq!(secs.iter().map(|x| x.offered).collect::<Vec<_>>(), vec![2, 1, 1]);
-        assert_eq!(secs.iter().map(|x| x.ok).collect::<Vec<_>>(), vec![1, 1, 0]);
-        assert_eq!(secs[1].refused.get("load_shed"), Some(&1));
-        assert_eq!(secs[2].errors.get("status_502"), Some(&1));
+        assert_eq!(secs.iter().map(|x| x.counts.offered).collect::<Vec<_>>(), vec![2, 1, 1]);
+        assert_eq!(secs.iter().map(|x| x.counts.ok).collect::<Vec<_>>(), vec![1, 1, 0]);
+        assert_eq!(secs[1].counts.refused.get("load_shed"), Some(&1));
+        assert_eq!(secs[2].counts.errors.get("status_502"), Some(&1));
         assert!((secs[1].ok_p99_ms - 300.0).abs() < 5.0, "{}", secs[1].ok_p99_ms);
+    }
+
+    #[test]
+    fn a_seconds_counts_are_members_of_its_own_json_and_add_up() {
+        let mut t = Timeline::new(Instant::now());
+        let now = Instant::now();
+        t.record(now, now, &Outcome::Refused { code: "load_shed".into(), retry_after: true });
+        t.record(now, now, &Outcome::error("timeout"));
+        let second = t.seconds().remove(0);
+        let json = serde_json::to_string(&second).expect("serialises");
+        assert_eq!(
+            json,
+            r#"{"second":0,"offered":2,"ok":0,"refused":{"load_shed":1},"errors":{"timeout":1},"ok_p50_ms":0.0,"ok_p99_ms":0.0}"#
+        );
+        assert_eq!(serde_json::from_str::<Second>(&json).expect("parses"), second);
+        let mut sum = second.counts.clone();
+        sum.add(&second.counts);
+        assert_eq!((sum.offered, sum.refused["load_shed"], sum.errors["timeout"]), (4, 2, 2));
     }
 }

@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use breakwater_telemetry::figures::{Figures, Kind, Lines, NOT_ALARMED, SETTING, Unit};
+use breakwater_telemetry::figures::{Figures, Kind, Lines, NOT_ALARMED, Unit};
 use breakwater_telemetry::prometheus::{CONTENT_TYPE, encode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -150,9 +150,7 @@ impl Metrics {
         out.gauge("held", "Jobs this process holds a lease on now (running or being completed)", r.held)
             .emf("JobsHeld", Unit::Count, Lines::Task)
             .ops("/held");
-        out.gauge("slots", "Jobs this process runs at once at most (WORKER_CONCURRENCY)", r.slots)
-            .no_emf(SETTING)
-            .ops("/slots");
+        out.setting("slots", "Jobs this process runs at once at most (WORKER_CONCURRENCY)", r.slots).ops("/slots");
         let c = &r.counts;
         let alarmed = [
             ("claimed", "Jobs this process claimed", c.claimed, "JobsClaimed"),

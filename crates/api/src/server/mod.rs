@@ -410,11 +410,11 @@ impl<S: HttpService> Edge<S> {
 
 impl crate::figures::Publish for Connections {
     fn publish(&self, out: &mut crate::figures::Figures) {
-        use crate::figures::{Lines, NOT_ALARMED, SETTING, Unit};
+        use crate::figures::{Lines, NOT_ALARMED, Unit};
         out.gauge("connections_open", "Open client connections", self.open())
             .emf("ConnectionsOpen", Unit::Count, Lines::Task)
             .ops("open");
-        out.gauge("connections_max", "Connection cap", self.max()).no_emf(SETTING).ops("max");
+        out.setting("connections_max", "Connection cap", self.max()).ops("max");
         out.counter(
             "connections_refused",
             "Connections answered 503 load_shed at accept (over the cap)",

@@ -250,16 +250,13 @@ pub struct StreamStatus {
 
 impl crate::figures::Publish for StreamStatus {
     fn publish(&self, out: &mut crate::figures::Figures) {
-        use crate::figures::{Lines, NOT_ALARMED, SETTING, Unit};
-        out.gauge("stream_max", "Most streams open on this task", self.max).no_emf(SETTING).ops("max");
-        out.gauge("stream_max_per_tenant", "Most streams of one tenant on this task", self.max_per_tenant)
-            .no_emf(SETTING)
+        use crate::figures::{Lines, NOT_ALARMED, Unit};
+        out.setting("stream_max", "Most streams open on this task", self.max).ops("max");
+        out.setting("stream_max_per_tenant", "Most streams of one tenant on this task", self.max_per_tenant)
             .ops("max_per_tenant");
-        out.gauge("stream_buffer_events", "Events a stream may fall behind before resync", self.buffer_events)
-            .no_emf(SETTING)
+        out.setting("stream_buffer_events", "Events a stream may fall behind before resync", self.buffer_events)
             .ops("buffer_events");
-        out.gauge("stream_heartbeat_seconds", "Seconds between heartbeats on an idle stream", self.heartbeat_seconds)
-            .no_emf(SETTING)
+        out.setting("stream_heartbeat_seconds", "Seconds between heartbeats on an idle stream", self.heartbeat_seconds)
             .ops("heartbeat_seconds");
         out.gauge("streams_open", "Streams open now", self.open)
             .emf("StreamsOpen", Unit::Count, Lines::Task)

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use breakwater_loadlab::html::{PALETTE, RGBColor, Series, chart};
 use breakwater_loadlab::report::Report;
 use breakwater_loadlab::retry::LogicalReport;
+use breakwater_loadlab::timeline::Counts;
 use serde::{Deserialize, Serialize};
 
 use super::plan::Plan;
@@ -100,12 +101,10 @@ pub(crate) struct TaskSecond {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Second {
     pub(crate) t: u64,
-    pub(crate) offered: u64,
-    pub(crate) ok: u64,
-    pub(crate) refused: BTreeMap<String, u64>,
-    /// Failures: the balancer's own answers (`status_502`, `status_503`, `status_504`), resets
-    /// and timeouts, anything untyped.
-    pub(crate) errors: BTreeMap<String, u64>,
+    /// The load reports' seconds, summed. Their errors are failures: the balancer's own answers
+    /// (`status_502`, `status_503`, `status_504`), resets and timeouts, anything untyped.
+    #[serde(flatten)]
+    pub(crate) counts: Counts,
     /// The worse of the two populations' 2xx p99, ms.
     pub(crate) ok_p99_ms: f64,
     pub(crate) desired: u32,
@@ -116,11 +115,11 @@ pub(crate) struct Second {
 
 impl Second {
     fn refused_total(&self) -> u64 {
-        self.refused.values().sum()
+        self.counts.refused.values().sum()
     }
 
     fn errors_total(&self) -> u64 {
-        self.errors.values().sum()
+        self.counts.errors.values().sum()
     }
 
     fn ready(&self) -> usize {
@@ -146,14 +145,7 @@ pub(crate) fn merge(fleet: &[TaskSecond], loads: &[&Report]) -> Vec<Second> {
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 let t = (step.started_s + f64::from(s.second)).floor().max(0.0) as u64;
                 let Some(row) = out.iter_mut().find(|r| r.t == t) else { continue };
-                row.offered += s.offered;
-                row.ok += s.ok;
-                for (k, v) in &s.refused {
-                    *row.refused.entry(k.clone()).or_default() += v;
-                }
-                for (k, v) in &s.errors {
-                    *row.errors.entry(k.clone()).or_default() += v;
-                }
+                row.counts.add(&s.counts);
                 row.ok_p99_ms = row.ok_p99_ms.max(s.ok_p99_ms);
             }
         }
@@ -197,17 +189,17 @@ pub(crate) fn goals(plan: &Plan, run: &Run, drain_delay_s: u64) -> Goals {
         let a = s0.max(ready as f64 - 60.0);
         let secs: Vec<&Second> = window(a, ready as f64).collect();
         if !secs.is_empty() {
-            let ok: u64 = secs.iter().map(|s| s.ok).sum();
+            let ok: u64 = secs.iter().map(|s| s.counts.ok).sum();
             g.before_ready_ratio = Some(ok as f64 / secs.len() as f64 / (2.0 * plan.capacity_one));
         }
         let after: Vec<&Second> = window(ready as f64 + 15.0, s1).collect();
-        let total: u64 = after.iter().map(|s| s.ok + s.refused_total() + s.errors_total()).sum();
+        let total: u64 = after.iter().map(|s| s.counts.ok + s.refused_total() + s.errors_total()).sum();
         if total > 0 {
             g.refused_after_ready = Some(after.iter().map(|s| s.refused_total()).sum::<u64>() as f64 / total as f64);
         }
     }
     for s in &run.seconds {
-        for (k, v) in &s.errors {
+        for (k, v) in &s.counts.errors {
             *g.failures.entry(k.clone()).or_default() += v;
         }
     }
@@ -236,7 +228,7 @@ pub(crate) fn goals(plan: &Plan, run: &Run, drain_delay_s: u64) -> Goals {
 /// passing its health checks, and the balancer routing (not every request failed).
 pub(crate) fn check(run: &Run) -> Result<()> {
     for (name, a, b) in &run.phases {
-        let ok: u64 = run.seconds.iter().filter(|s| (s.t as f64) >= *a && (s.t as f64) < *b).map(|s| s.ok).sum();
+        let ok: u64 = run.seconds.iter().filter(|s| (s.t as f64) >= *a && (s.t as f64) < *b).map(|s| s.counts.ok).sum();
         anyhow::ensure!(ok > 0, "{}: no 2xx in the {name} phase", run.variant);
     }
     let ever_ready: std::collections::HashSet<&str> =
@@ -379,8 +371,8 @@ pub(crate) fn seconds_markdown(fleet: &Fleet) -> String {
                 m,
                 "| {} | {phase} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} ms | {} / {} | {} | {} | {} |",
                 chunk[0].t,
-                sum(&|s| s.offered),
-                sum(&|s| s.ok),
+                sum(&|s| s.counts.offered),
+                sum(&|s| s.counts.ok),
                 sum(&Second::refused_total),
                 sum(&Second::errors_total),
                 chunk.iter().map(|s| s.ok_p99_ms).fold(0.0, f64::max),
@@ -402,7 +394,7 @@ pub(crate) fn chart_svg(fleet: &Fleet) -> String {
     for (i, run) in fleet.runs.iter().enumerate() {
         let c = colours[i % colours.len()];
         let pts = |f: &dyn Fn(&Second) -> f64| run.seconds.iter().map(|s| (s.t as f64, f(s))).collect::<Vec<_>>();
-        series.push((format!("{} 2xx/s", run.variant), c, pts(&|s| s.ok as f64)));
+        series.push((format!("{} 2xx/s", run.variant), c, pts(&|s| s.counts.ok as f64)));
         series.push((
             format!("{} refused/s", run.variant),
             RGBColor(c.0 / 2, c.1 / 2, c.2 / 2),

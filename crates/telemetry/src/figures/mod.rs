@@ -29,8 +29,8 @@ pub use crate::emf::Unit;
 /// `/metrics` and `/v1/ops/status`.
 pub const NOT_ALARMED: &str = "no alarm reads it: CloudWatch carries the alarms' figures and a few beside them";
 
-/// The reason a setting published as a gauge (a cap, a number of slots) is absent from
-/// CloudWatch: it moves only with the task definition, which says it.
+/// The reason a setting published as a gauge (a cap, a number of slots; [`Figures::setting`]) is
+/// absent from CloudWatch: it moves only with the task definition, which says it.
 pub const SETTING: &str = "a setting: it changes only with the task definition, which holds it";
 
 /// A figure's kind, as Prometheus types it.
@@ -310,6 +310,12 @@ impl Figures {
     /// A gauge with one unlabelled series.
     pub fn gauge(&mut self, name: &'static str, help: &'static str, value: impl Into<Number>) -> &mut Figure {
         self.figure(Kind::Gauge, name, help).series(&[], value)
+    }
+
+    /// A setting (a cap, a number of slots) as a gauge with one unlabelled series, absent from
+    /// CloudWatch ([`SETTING`]).
+    pub fn setting(&mut self, name: &'static str, help: &'static str, value: impl Into<Number>) -> &mut Figure {
+        self.gauge(name, help, value).no_emf(SETTING)
     }
 
     /// A figure whose live Prometheus metric encodes itself (a family the request middleware
