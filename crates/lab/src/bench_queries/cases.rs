@@ -115,19 +115,16 @@ pub(super) async fn subjects(pool: &Pool, erasures: usize) -> anyhow::Result<Vec
         )
         .fetch_one(pool)
         .await?;
-        // Prefixes of the contact in the middle of the list: as common as a typed prefix is.
-        let name_prefix = sqlx::query_scalar!(
-            r#"SELECT left(lower(name), 3) AS "p!" FROM contacts WHERE tenant_id = $1
-               ORDER BY lower(name) COLLATE "C", id OFFSET $2 LIMIT 1"#,
+        // Prefixes of a contact's name and email from the middle of their lists: as common as a
+        // typed prefix is.
+        let prefixes = sqlx::query!(
+            r#"SELECT
+                 (SELECT left(lower(name), 3) FROM contacts WHERE tenant_id = $1
+                  ORDER BY lower(name) COLLATE "C", id OFFSET $2 LIMIT 1) AS "name!",
+                 (SELECT left(lower(email), 3) FROM contacts WHERE tenant_id = $1 AND email IS NOT NULL
+                  ORDER BY lower(email) COLLATE "C", id OFFSET $3 LIMIT 1) AS "email!""#,
             tenant,
-            contacts / 2
-        )
-        .fetch_one(pool)
-        .await?;
-        let email_prefix = sqlx::query_scalar!(
-            r#"SELECT left(lower(email), 3) AS "p!" FROM contacts WHERE tenant_id = $1 AND email IS NOT NULL
-               ORDER BY lower(email) COLLATE "C", id OFFSET $2 LIMIT 1"#,
-            tenant,
+            contacts / 2,
             contacts / 3
         )
         .fetch_one(pool)
@@ -154,8 +151,8 @@ pub(super) async fn subjects(pool: &Pool, erasures: usize) -> anyhow::Result<Vec
             agent,
             inbox,
             long_conversation: (long.id, long.message_count),
-            name_prefix,
-            email_prefix,
+            name_prefix: prefixes.name,
+            email_prefix: prefixes.email,
             big_contacts,
         });
     }
