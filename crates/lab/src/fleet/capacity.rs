@@ -3,16 +3,22 @@
 //! <= 1% refused, <= 0.1% errors, a valid step) through the balancer, first to one task and then
 //! to three, with the rates three times as high. Opt-in (`--experiments capacity`): the ratio is
 //! bounded by this machine as much as by the fleet (two cores carry the tasks, PostgreSQL, the
-//! balancer and the generator), which the report says.
+//! balancer and the generator), so each step also records, sampled beside it, the machine's CPU,
+//! the tasks' (their cgroups summed) and PostgreSQL's, and what saturated, by the lab's rules.
 
 use std::fmt::Write as _;
 use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::processes::Proc;
 use super::{Ctx, log};
-use crate::record::{Capacity, PhaseRun};
+use crate::lab::probes::{machine_jiffies, postgres_cpu_seconds};
+use crate::record::reading::saturated;
+use crate::record::{Capacity, PhaseRun, Row, XSample};
+use crate::rig::pinned::Stats;
 
 /// One task's rates; `n` tasks get `n` times each.
 const RATES_ONE: [f64; 9] = [200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0];
@@ -60,11 +66,12 @@ impl Record {
                 .iter()
                 .map(|row| {
                     format!(
-                        "{:.0} -> {:.0}, {:.0} ms, {:.1}%{}",
+                        "{:.0} -> {:.0}, {:.0} ms, {:.1}%{}{}",
                         row.offered_rps.unwrap_or(0.0),
                         row.ok_rps,
                         row.ok_p99_ms,
                         row.refused_share * 100.0,
+                        cpu_note(row),
                         if row.valid { "" } else { " (invalid)" }
                     )
                 })
@@ -74,8 +81,41 @@ impl Record {
         if let Some(ratio) = self.ratio() {
             let _ = writeln!(m, "\nThree tasks' capacity / one task's: **{ratio:.2}** (goal >= 2.7).");
         }
+        for r in &self.ramps {
+            if let Some(past) = r.capacity.calibration.iter().find(|row| row.offered_rps > Some(r.capacity.rps))
+                && past.machine_busy.is_some()
+            {
+                let what = if past.saturated.is_empty() {
+                    "nothing the lab reads".to_owned()
+                } else {
+                    past.saturated.join("; ")
+                };
+                let _ = writeln!(
+                    m,
+                    "\n{} task(s), first step past the capacity ({:.0} req/s): saturated: {what}.",
+                    r.tasks,
+                    past.offered_rps.unwrap_or(0.0)
+                );
+            }
+        }
         m
     }
+}
+
+/// A step's CPU, where it was sampled (records before it was are rendered as they were).
+fn cpu_note(row: &Row) -> String {
+    let Some(machine) = row.machine_busy else { return String::new() };
+    let mut note = format!("; machine {:.0}% busy", machine * 100.0);
+    if let Some(c) = row.api_cpu_cores {
+        let _ = write!(note, ", tasks {c:.2} cores");
+    }
+    if let Some(t) = row.throttled_share {
+        let _ = write!(note, " (throttled in {:.0}% of periods)", t * 100.0);
+    }
+    if let Some(p) = row.postgres_cpu_cores {
+        let _ = write!(note, ", PostgreSQL {p:.2} cores");
+    }
+    note
 }
 
 impl Ctx<'_> {
@@ -95,25 +135,32 @@ impl Ctx<'_> {
         let launch = self.launch_as(&name, "adaptive", &redis_url, None);
         let (balancer, procs) = self.serving(&name, tasks, &launch).await?;
         let out = self.runs.join(format!("{name}.json"));
-        let ran = self.capacity_load(&name, tasks, &out).await;
+        let (ran, samples) = sampled(self.capacity_load(&name, tasks, &out), &procs).await;
         for p in procs {
             p.stop(std::time::Duration::from_secs(15)).await;
         }
         balancer.stop().await;
         ran?;
         let report = breakwater_loadlab::report::Report::read_json(&out)?;
+        // The samples' clock starts as the generator is spawned, the report's as its run begins,
+        // a few milliseconds later: each step's window is read that much early.
+        let step_ends = report.steps.iter().map(|s| s.started_s + s.elapsed_s).collect();
         let run = PhaseRun {
             name: out.display().to_string(),
             report,
             flooder: None,
-            step_ends: Vec::new(),
-            samples: Vec::new(),
+            step_ends,
+            samples,
             cgroup_peak: None,
             cgroup_oom_kills: None,
             burn: None,
             db_cap: None,
         };
-        let capacity = Capacity::from_calibration(&run, self.plan.quick)?;
+        let mut capacity = Capacity::from_calibration(&run, self.plan.quick)?;
+        let quota = f64::from(tasks) * self.cpus.cores();
+        for row in &mut capacity.calibration {
+            row.saturated = saturated(row, quota);
+        }
         log(&format!("capacity of {tasks} task(s): {:.0} req/s", capacity.rps));
         Ok(Ramp { tasks, capacity })
     }
@@ -140,6 +187,43 @@ impl Ctx<'_> {
             .await?;
         anyhow::ensure!(status.success(), "loadlab failed: see {}", out.with_extension("log").display());
         Ok(())
+    }
+}
+
+/// Runs `load`, sampling beside it every half second what a step's row reads: the tasks' cgroups
+/// summed (their CPU and throttling), PostgreSQL's CPU and the machine's.
+async fn sampled(load: impl Future<Output = Result<()>>, procs: &[Proc]) -> (Result<()>, Vec<XSample>) {
+    let t0 = Instant::now();
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tokio::pin!(load);
+    loop {
+        tokio::select! {
+            ran = &mut load => return (ran, samples),
+            _ = tick.tick() => samples.push(XSample {
+                t_s: t0.elapsed().as_secs_f64(),
+                cgroup: procs.iter().filter_map(Proc::stats).reduce(summed),
+                postgres_cpu_s: postgres_cpu_seconds(),
+                machine: machine_jiffies(),
+                pg_active: None,
+                health_ms: None,
+            }),
+        }
+    }
+}
+
+/// Two tasks' counters as one group's: CPU and periods add up, so the throttled share is the
+/// tasks' together.
+fn summed(a: Stats, b: Stats) -> Stats {
+    let add = |x: Option<u64>, y: Option<u64>| x.zip(y).map(|(x, y)| x + y);
+    Stats {
+        nr_periods: a.nr_periods + b.nr_periods,
+        nr_throttled: a.nr_throttled + b.nr_throttled,
+        throttled_us: a.throttled_us + b.throttled_us,
+        usage_us: add(a.usage_us, b.usage_us),
+        peak_bytes: a.peak_bytes.max(b.peak_bytes),
+        limit_hits: add(a.limit_hits, b.limit_hits),
+        oom_kills: add(a.oom_kills, b.oom_kills),
     }
 }
 
@@ -178,5 +262,43 @@ mod tests {
         assert!((r.ratio().expect("two ramps") - 2.75).abs() < 1e-9);
         assert!(r.markdown().contains("**2.75**"));
         assert_eq!(Record { measured: String::new(), ramps: vec![ramp(1, 600.0)] }.ratio(), None);
+    }
+
+    #[test]
+    fn a_sampled_step_says_what_saturated_and_an_unsampled_one_reads_as_before() {
+        let step = |rps: f64, machine_busy: Option<f64>| Row {
+            offered_rps: Some(rps),
+            machine_busy,
+            api_cpu_cores: machine_busy.map(|_| 0.62),
+            postgres_cpu_cores: machine_busy.map(|_| 0.55),
+            saturated: if machine_busy.is_some() { vec!["machine CPU (99% busy)".into()] } else { Vec::new() },
+            ..Row::default()
+        };
+        let ramp =
+            |calibration| Ramp { tasks: 3, capacity: Capacity { rps: 1_500.0, how: String::new(), calibration } };
+        let sampled = Record {
+            measured: String::new(),
+            ramps: vec![ramp(vec![step(1_500.0, Some(0.9)), step(1_800.0, Some(0.99))])],
+        };
+        let m = sampled.markdown();
+        assert!(m.contains("machine 99% busy, tasks 0.62 cores, PostgreSQL 0.55 cores"), "{m}");
+        assert!(m.contains("first step past the capacity (1800 req/s): saturated: machine CPU (99% busy)."), "{m}");
+        let before =
+            Record { measured: String::new(), ramps: vec![ramp(vec![step(1_500.0, None), step(1_800.0, None)])] };
+        let m = before.markdown();
+        assert!(!m.contains("machine") && !m.contains("saturated"), "{m}");
+    }
+
+    #[test]
+    fn tasks_counters_add_up_to_one_groups() {
+        let stats = |periods, throttled, usage| Stats {
+            nr_periods: periods,
+            nr_throttled: throttled,
+            usage_us: Some(usage),
+            ..Stats::default()
+        };
+        let sum = [stats(100, 50, 1_000), stats(100, 10, 3_000), stats(200, 0, 500)].into_iter().reduce(summed);
+        let sum = sum.expect("three tasks");
+        assert_eq!((sum.nr_periods, sum.nr_throttled, sum.usage_us), (400, 60, Some(4_500)));
     }
 }

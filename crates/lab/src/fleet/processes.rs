@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::haproxy::Slot;
-use crate::rig::pinned::{Counters, Limits, Millicores, Pinned};
+use crate::rig::pinned::{Counters, Limits, Millicores, Pinned, Stats};
 
 /// HAProxy, in the foreground as a child, and its runtime API.
 pub(crate) struct Balancer {
@@ -230,6 +230,11 @@ impl Proc {
         let argv = [launch.bin.join("breakwater-worker").into_os_string()];
         let env = [("REDIS_URL", launch.redis_url.to_owned())];
         Self::spawn(launch, &argv, &launch.runs.join(format!("{}-worker.log", launch.name)), &env)
+    }
+
+    /// Its cgroup's counters so far (`None` unpinned).
+    pub(crate) fn stats(&self) -> Option<Stats> {
+        self.counters.as_ref().map(Counters::read)
     }
 
     /// CPU used since the last call, as a share of one task's quota (`None` unpinned, or at the
