@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::processes::Proc;
 use super::{Ctx, log};
-use crate::lab::probes::{machine_jiffies, postgres_cpu_seconds};
+use crate::lab::probes::{health, machine_jiffies, postgres_cpu_seconds};
 use crate::record::reading::saturated;
 use crate::record::{Capacity, PhaseRun, Row, XSample};
 use crate::rig::pinned::Stats;
@@ -135,7 +135,7 @@ impl Ctx<'_> {
         let launch = self.launch_as(&name, "adaptive", &redis_url, None);
         let (balancer, procs) = self.serving(&name, tasks, &launch).await?;
         let out = self.runs.join(format!("{name}.json"));
-        let (ran, samples) = sampled(self.capacity_load(&name, tasks, &out), &procs).await;
+        let (ran, samples) = sampled(self.capacity_load(&name, tasks, &out), &procs, self.port).await;
         for p in procs {
             p.stop(std::time::Duration::from_secs(15)).await;
         }
@@ -191,8 +191,9 @@ impl Ctx<'_> {
 }
 
 /// Runs `load`, sampling beside it every half second what a step's row reads: the tasks' cgroups
-/// summed (their CPU and throttling), PostgreSQL's CPU and the machine's.
-async fn sampled(load: impl Future<Output = Result<()>>, procs: &[Proc]) -> (Result<()>, Vec<XSample>) {
+/// summed (their CPU and throttling), PostgreSQL's CPU and the machine's, and `/health` through
+/// the balancer on `port`.
+async fn sampled(load: impl Future<Output = Result<()>>, procs: &[Proc], port: u16) -> (Result<()>, Vec<XSample>) {
     let t0 = Instant::now();
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -200,14 +201,13 @@ async fn sampled(load: impl Future<Output = Result<()>>, procs: &[Proc]) -> (Res
     loop {
         tokio::select! {
             ran = &mut load => return (ran, samples),
-            _ = tick.tick() => samples.push(XSample {
-                t_s: t0.elapsed().as_secs_f64(),
-                cgroup: procs.iter().filter_map(Proc::stats).reduce(summed),
-                postgres_cpu_s: postgres_cpu_seconds(),
-                machine: machine_jiffies(),
-                pg_active: None,
-                health_ms: None,
-            }),
+            _ = tick.tick() => {
+                let t_s = t0.elapsed().as_secs_f64();
+                let (cgroup, postgres_cpu_s, machine) =
+                    (procs.iter().filter_map(Proc::stats).reduce(summed), postgres_cpu_seconds(), machine_jiffies());
+                let health_ms = health(port, Duration::from_secs(1)).await;
+                samples.push(XSample { t_s, cgroup, postgres_cpu_s, machine, pg_active: None, health_ms });
+            }
         }
     }
 }

@@ -79,7 +79,7 @@ pub(super) fn parse_proc_stat(text: &str) -> Option<(u64, u64)> {
 }
 
 /// `GET /health` on a fresh connection: its latency in ms when it answered 200 in time.
-pub(super) async fn health(port: u16, timeout: Duration) -> Option<f64> {
+pub(crate) async fn health(port: u16, timeout: Duration) -> Option<f64> {
     let t = Instant::now();
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
