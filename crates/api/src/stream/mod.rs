@@ -163,16 +163,29 @@ pub fn respond(
     Sse::new(events(subscription, hub, filter, resume))
 }
 
-/// When a stream idle since now is next due a heartbeat: `heartbeat` from now, rounded up to
-/// the next whole second of the process's clock. The rounding puts every heartbeat due within
-/// the same second on one timer tick, so a task with 10,000 idle streams wakes once a second for
-/// about 500 of them, not 500 times a second (docs/lab/history/2026-12-03-streams.md).
-fn next_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
+/// The grid heartbeats fall on: the heartbeats due within the same tenth of a second share one
+/// timer tick, so a task with 10,000 idle streams wakes ten times a second for about 50 of them,
+/// not 500 times a second for one each (docs/lab/history/2026-12-03-streams.md). A whole-second
+/// grid woke less but wrote its heartbeats in bursts ten times larger, and streams opened in the
+/// same second kept beating together (docs/lab/history/2026-12-04-heartbeats-spread.md).
+const HEARTBEAT_GRID: Duration = Duration::from_millis(100);
+
+/// When a stream idle since now is next due a heartbeat: `after` from now, rounded up to the next
+/// point of the grid on the process's clock.
+fn next_heartbeat(after: Duration) -> tokio::time::Instant {
     static EPOCH: std::sync::LazyLock<tokio::time::Instant> = std::sync::LazyLock::new(tokio::time::Instant::now);
-    let due = tokio::time::Instant::now() + heartbeat;
-    let since = due.saturating_duration_since(*EPOCH);
-    let rounded = Duration::from_secs(since.as_secs() + u64::from(since.subsec_nanos() > 0));
-    *EPOCH + rounded
+    let due = tokio::time::Instant::now() + after;
+    let since = due.saturating_duration_since(*EPOCH).as_nanos();
+    let grid = HEARTBEAT_GRID.as_nanos();
+    let ticks = u64::try_from(since.div_ceil(grid)).unwrap_or(u64::MAX);
+    *EPOCH + HEARTBEAT_GRID.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
+}
+
+/// A new stream's first heartbeat: at a random point of its first interval. Streams opened
+/// together (a reconnection after a restart) would otherwise beat together ever after, a burst of
+/// writes at one tick that delays every request behind it.
+fn first_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
+    next_heartbeat(heartbeat.mul_f64(rand::random_range(0.0..1.0)))
 }
 
 /// The events of [`respond`], heartbeats included.
@@ -202,7 +215,7 @@ fn events(
             last = head;
         }
     }
-    let beat = Box::pin(tokio::time::sleep_until(next_heartbeat(settings.heartbeat)));
+    let beat = Box::pin(tokio::time::sleep_until(first_heartbeat(settings.heartbeat)));
     let state = State { subscription, hub, filter, last, opening, done: false, beat };
     futures_util::stream::unfold(state, next)
 }
@@ -419,17 +432,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn heartbeats_fall_on_whole_seconds_a_full_interval_away() {
+    async fn heartbeats_fall_on_the_grid_a_full_interval_away() {
         let before = tokio::time::Instant::now();
         let first = next_heartbeat(Duration::from_secs(20));
         let after = tokio::time::Instant::now();
         assert!(first >= before + Duration::from_secs(20), "{:?}", first - before);
-        assert!(first <= after + Duration::from_secs(21), "{:?}", first - after);
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(first <= after + Duration::from_secs(20) + HEARTBEAT_GRID, "{:?}", first - after);
+        tokio::time::sleep(Duration::from_millis(3)).await;
         let later = next_heartbeat(Duration::from_secs(20));
-        // Streams idle since moments apart share a tick (unless a second boundary fell between).
+        // Streams idle since moments apart share a tick (unless a point of the grid fell between).
         let apart = later.saturating_duration_since(first);
-        assert!(apart == Duration::ZERO || apart == Duration::from_secs(1), "{apart:?}");
+        assert!(apart == Duration::ZERO || apart == HEARTBEAT_GRID, "{apart:?}");
+    }
+
+    #[tokio::test]
+    async fn streams_opened_together_take_their_first_heartbeats_apart() {
+        let now = tokio::time::Instant::now();
+        let interval = Duration::from_secs(20);
+        let firsts: std::collections::BTreeSet<_> = (0..200).map(|_| first_heartbeat(interval)).collect();
+        assert!(firsts.iter().all(|f| *f <= now + interval + HEARTBEAT_GRID * 2), "within the first interval");
+        // 200 draws over 200 points of the grid: far more than a handful of ticks.
+        assert!(firsts.len() > 100, "{} distinct ticks", firsts.len());
     }
 
     #[test]
