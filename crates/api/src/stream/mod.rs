@@ -166,8 +166,8 @@ pub fn respond(
 /// The grid heartbeats fall on: the heartbeats due within the same tenth of a second share one
 /// timer tick, so a task with 10,000 idle streams wakes ten times a second for about 50 of them,
 /// not 500 times a second for one each (docs/lab/history/2026-12-03-streams.md). A whole-second
-/// grid woke less but wrote its heartbeats in bursts ten times larger, and streams opened in the
-/// same second kept beating together (docs/lab/history/2026-12-04-heartbeats-spread.md).
+/// grid woke less but wrote its heartbeats in bursts ten times larger, which the inbox list's
+/// tail showed (docs/lab/history/2026-12-04-heartbeats-100ms-grid.md).
 const HEARTBEAT_GRID: Duration = Duration::from_millis(100);
 
 /// When a stream idle since now is next due a heartbeat: `after` from now, rounded up to the next
@@ -179,13 +179,6 @@ fn next_heartbeat(after: Duration) -> tokio::time::Instant {
     let grid = HEARTBEAT_GRID.as_nanos();
     let ticks = u64::try_from(since.div_ceil(grid)).unwrap_or(u64::MAX);
     *EPOCH + HEARTBEAT_GRID.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
-}
-
-/// A new stream's first heartbeat: at a random point of its first interval. Streams opened
-/// together (a reconnection after a restart) would otherwise beat together ever after, a burst of
-/// writes at one tick that delays every request behind it.
-fn first_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
-    next_heartbeat(heartbeat.mul_f64(rand::random_range(0.0..1.0)))
 }
 
 /// The events of [`respond`], heartbeats included.
@@ -215,7 +208,7 @@ fn events(
             last = head;
         }
     }
-    let beat = Box::pin(tokio::time::sleep_until(first_heartbeat(settings.heartbeat)));
+    let beat = Box::pin(tokio::time::sleep_until(next_heartbeat(settings.heartbeat)));
     let state = State { subscription, hub, filter, last, opening, done: false, beat };
     futures_util::stream::unfold(state, next)
 }
@@ -443,16 +436,6 @@ mod tests {
         // Streams idle since moments apart share a tick (unless a point of the grid fell between).
         let apart = later.saturating_duration_since(first);
         assert!(apart == Duration::ZERO || apart == HEARTBEAT_GRID, "{apart:?}");
-    }
-
-    #[tokio::test]
-    async fn streams_opened_together_take_their_first_heartbeats_apart() {
-        let now = tokio::time::Instant::now();
-        let interval = Duration::from_secs(20);
-        let firsts: std::collections::BTreeSet<_> = (0..200).map(|_| first_heartbeat(interval)).collect();
-        assert!(firsts.iter().all(|f| *f <= now + interval + HEARTBEAT_GRID * 2), "within the first interval");
-        // 200 draws over 200 points of the grid: far more than a handful of ticks.
-        assert!(firsts.len() > 100, "{} distinct ticks", firsts.len());
     }
 
     #[test]

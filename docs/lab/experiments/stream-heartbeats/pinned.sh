@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The inbox list's tail while 5,000 idle streams are open, at the production shape: #26's goal
 # (its p99 within 20% of the same load with no stream open), against two heartbeat schedules:
-#   spread  this commit's API: heartbeats on a 100 ms grid, each stream's first at a random
-#           point of its first interval, so streams opened together beat apart;
-#   grid1s  the same commit with whole-second.patch applied (the schedule before 2026-12-04):
-#           the next heartbeat on the next whole second, so streams opened in the same second
-#           beat at the same tick, every interval; built into target/stream-heartbeats.
+#   grid100ms  this commit's API: an idle stream's next heartbeat is rounded up to the next
+#              tenth of a second, so the heartbeats due in the same tenth share one tick;
+#   grid1s     the same commit with whole-second.patch applied (the schedule before
+#              2026-12-04): rounded up to the next whole second, so streams opened in the same
+#              second beat at the same tick, every interval; built into target/stream-heartbeats.
 # Each run is a fresh API, pinned at 0.25 core / 512 MiB (`xtask pinned`, the lab's production
 # tier; throttles off, the stream caps out of the way) on a 50-tenant small seed. RATE req/s of
 # `GET /v1/conversations?status=open` over the 50 tenants' tokens for SECONDS_EACH with no
@@ -15,58 +15,27 @@
 # goes first.
 #
 # Usage, as root (the cgroup), after `cargo build --release --locked` of breakwater-api,
-# breakwater-seed, loadlab and xtask:   pinned.sh [ROUNDS]
+# breakwater-seed, loadlab and xtask:   pinned.sh [ROUNDS]   (the shared parts: ../pinned-api.sh)
 # env: SECONDS_EACH (30), RATE (420: half the capacity measured on this data set on 2026-12-04),
 #      STREAMS (5000), SETTLE (7), PGURL (the server)
-set -euo pipefail
-cd "$(dirname "$0")"
-HERE=$PWD
-ROOT=$(git rev-parse --show-toplevel)
-ROUNDS=${1:-3}
+source "$(dirname "$0")/../pinned-api.sh"
 SECONDS_EACH=${SECONDS_EACH:-30}
 RATE=${RATE:-420}
 STREAMS=${STREAMS:-5000}
 SETTLE=${SETTLE:-7}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 DB=stream_heartbeats_pinned
-BIN=$ROOT/target/release
-GRID1S=$ROOT/target/stream-heartbeats/release/breakwater-api
 PORT=18490
-WORK=$(mktemp -d)
-API=
+GRID1S=$ROOT/target/stream-heartbeats/release/breakwater-api
 STREAMER=
-cleanup() {
-  if [ -n "$STREAMER" ]; then kill "$STREAMER" 2>/dev/null || true; fi
-  if [ -n "$API" ]; then kill -TERM "$API" 2>/dev/null || true; wait "$API" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+cleanup_more() { if [ -n "$STREAMER" ]; then kill "$STREAMER" 2>/dev/null || true; fi; }
 ulimit -n "$(ulimit -Hn)"   # each stream is a socket on both sides
-
-# The production tier's settings, from their one owner (the lab), as `NAME=value` words.
-TIER=$(sed -n 's/^pub(super) const PRODUCTION_TIER.*= \[\(.*\)\];$/\1/p' "$ROOT/crates/lab/src/lab/phase.rs" |
-  sed -e 's/("\([A-Z_]*\)", "\([^"]*\)")/\1=\2/g' -e 's/,//g')
-[[ $TIER == *TOKIO_WORKER_THREADS=* ]] || { echo "the lab's PRODUCTION_TIER was not found" >&2; exit 1; }
-
-for b in breakwater-api breakwater-seed loadlab xtask; do
-  [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: build it first (see Usage)" >&2; exit 2; }
-done
 
 echo "seeding $DB (50 tenants, 5,000 conversations, 20,000 messages)" >&2
 psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB"
 "$BIN/breakwater-seed" --database-url "$PGURL/$DB" --small --tenants 50 --conversations 5000 --messages 20000 -q \
   > "$WORK/seed.log"
 
-# The variant: this commit's tree with the patch, built on its own (never over the main build).
-echo "building the grid1s variant (whole-second.patch) into target/stream-heartbeats" >&2
-TREE=$ROOT/target/stream-heartbeats/tree   # one place, so that a second run's build is incremental
-git -C "$ROOT" worktree remove --force "$TREE" 2>/dev/null || rm -rf "$TREE"
-git -C "$ROOT" worktree prune
-git -C "$ROOT" worktree add -q --detach "$TREE" HEAD
-git -C "$TREE" apply "$HERE/whole-second.patch"
-(cd "$TREE" && CARGO_TARGET_DIR=$ROOT/target/stream-heartbeats cargo build -q --release --locked -p breakwater-api --bin breakwater-api) \
-  2> "$WORK/build.log" || { cat "$WORK/build.log" >&2; exit 1; }
-git -C "$ROOT" worktree remove --force "$TREE"
+build_variant "$HERE/whole-second.patch" "$ROOT/target/stream-heartbeats"
 
 # One agent of each tenant (the token is minted by loadlab with the development secret).
 psql -qAt -v ON_ERROR_STOP=1 "$PGURL/$DB" -c \
@@ -85,16 +54,7 @@ inbox() {
 run() {
   local variant=$1 server=$BIN/breakwater-api
   [ "$variant" = grid1s ] && server=$GRID1S
-  env DATABASE_URL="$PGURL/$DB" APP_ENV=development BIND_ADDR="127.0.0.1:$PORT" OPS_ADDR="127.0.0.1:$((PORT + 1))" \
-    THROTTLES=off MAX_CONNECTIONS=12000 STREAM_MAX=11000 STREAM_MAX_PER_TENANT=1000 $TIER LOG_FORMAT=json \
-    "$BIN/xtask" pinned -- "$server" serve > "$WORK/$variant.api.log" 2>&1 &
-  API=$!
-  local i
-  for i in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$((PORT + 1))/ready" > /dev/null 2>&1 && break
-    [ "$i" = 100 ] && { echo "the $variant API did not become ready; its log:" >&2; tail "$WORK/$variant.api.log" >&2; exit 1; }
-    sleep 0.3
-  done
+  start_api "$variant" "$server" THROTTLES=off MAX_CONNECTIONS=12000 STREAM_MAX=11000 STREAM_MAX_PER_TENANT=1000
   SECONDS_EACH=5 inbox "$WORK/warm.json" > /dev/null
   local without with
   without=$(inbox "$WORK/$variant-without.json")
@@ -104,16 +64,14 @@ run() {
   sleep "$SETTLE"
   with=$(inbox "$WORK/$variant-with.json")
   wait "$STREAMER" || true; STREAMER=
-  kill -TERM "$API"; wait "$API" || true; API=
   local opened; opened=$(jq -r '"\(.opened) of \(.streams) streams opened, \(.heartbeats) heartbeats"' "$WORK/$variant-streams.json")
   echo "$variant: p99 ms without streams $without; with $with; $opened"
   echo "$variant: with / without = $(jq -rn --slurpfile a "$WORK/$variant-with.json" --slurpfile b "$WORK/$variant-without.json" \
     '$a[0].steps[0].ok.corrected.p99_ms / $b[0].steps[0].ok.corrected.p99_ms * 1000 | round / 1000')"
-  # The pinned wrapper's account of the process (CPU used, periods throttled), warm-up included.
-  grep -v '^{' "$WORK/$variant.api.log" | grep -v '^pinned: \(running\|SIGTERM\)' | sed 's/^/  /' || true
+  stop_api "$variant"
 }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r"
-  if [ $((r % 2)) = 1 ]; then run grid1s; run spread; else run spread; run grid1s; fi
+  if [ $((r % 2)) = 1 ]; then run grid1s; run grid100ms; else run grid100ms; run grid1s; fi
 done

@@ -13,52 +13,22 @@
 # round's ratio with/without.
 #
 # Usage, as root (the cgroup), after `cargo build --release --locked` of breakwater-api,
-# breakwater-seed, loadlab and xtask:   pinned.sh [ROUNDS]
+# breakwater-seed, loadlab and xtask:   pinned.sh [ROUNDS]   (the shared parts: ../pinned-api.sh)
 # env: SECONDS_EACH (20), CALLERS (16), PGURL (the server)
-set -euo pipefail
-cd "$(dirname "$0")"
-HERE=$PWD
-ROOT=$(git rev-parse --show-toplevel)
-ROUNDS=${1:-3}
+source "$(dirname "$0")/../pinned-api.sh"
 SECONDS_EACH=${SECONDS_EACH:-20}
 CALLERS=${CALLERS:-16}
-PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 DB=stream_outbox_pinned
-BIN=$ROOT/target/release
-WITHOUT=$ROOT/target/without-outbox/release/breakwater-api
 PORT=18480
-WORK=$(mktemp -d)
-API=
-cleanup() {
-  if [ -n "$API" ]; then kill -TERM "$API" 2>/dev/null || true; wait "$API" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# The production tier's settings, from their one owner (the lab), as `NAME=value` words.
-TIER=$(sed -n 's/^pub(super) const PRODUCTION_TIER.*= \[\(.*\)\];$/\1/p' "$ROOT/crates/lab/src/lab/phase.rs" |
-  sed -e 's/("\([A-Z_]*\)", "\([^"]*\)")/\1=\2/g' -e 's/,//g')
-[[ $TIER == *TOKIO_WORKER_THREADS=* ]] || { echo "the lab's PRODUCTION_TIER was not found" >&2; exit 1; }
-
-for b in breakwater-api breakwater-seed loadlab xtask; do
-  [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: build it first (see Usage)" >&2; exit 2; }
-done
+WITHOUT=$ROOT/target/without-outbox/release/breakwater-api
 
 echo "seeding $DB (the full default seed)" >&2
 psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB"
 "$BIN/breakwater-seed" --database-url "$PGURL/$DB" > "$WORK/seed.log"
 
-# The baseline: this commit's tree with the patch, built on its own (never over the main build).
-echo "building the baseline (without-outbox.patch) into target/without-outbox" >&2
-TREE=$ROOT/target/without-outbox/tree   # one place, so that a second run's build is incremental
-git -C "$ROOT" worktree remove --force "$TREE" 2>/dev/null || rm -rf "$TREE"
-git -C "$ROOT" worktree prune
-git -C "$ROOT" worktree add -q --detach "$TREE" HEAD
-git -C "$TREE" apply "$HERE/without-outbox.patch"
-# The patched query is not in the offline query data: sqlx checks it against the seeded database.
-(cd "$TREE" && SQLX_OFFLINE=false DATABASE_URL="$PGURL/$DB" CARGO_TARGET_DIR=$ROOT/target/without-outbox cargo build -q --release --locked -p breakwater-api --bin breakwater-api) \
-  2> "$WORK/build.log" || { cat "$WORK/build.log" >&2; exit 1; }
-git -C "$ROOT" worktree remove --force "$TREE"
+# The baseline. The patched query is not in the offline query data: sqlx checks it against the
+# seeded database.
+build_variant "$HERE/without-outbox.patch" "$ROOT/target/without-outbox" SQLX_OFFLINE=false DATABASE_URL="$PGURL/$DB"
 
 P="psql -qAt -v ON_ERROR_STOP=1 $PGURL/$DB"
 TENANT=$($P -c "SELECT tenant_id FROM conversations GROUP BY 1 ORDER BY count(*) DESC LIMIT 1")
@@ -80,16 +50,7 @@ sweep() {
 run() {
   local variant=$1 server=$BIN/breakwater-api
   [ "$variant" = without ] && server=$WITHOUT
-  env DATABASE_URL="$PGURL/$DB" APP_ENV=development BIND_ADDR="127.0.0.1:$PORT" OPS_ADDR="127.0.0.1:$((PORT + 1))" \
-    ADMISSION=off THROTTLES=off $TIER LOG_FORMAT=json \
-    "$BIN/xtask" pinned -- "$server" serve > "$WORK/$variant.api.log" 2>&1 &
-  API=$!
-  local i
-  for i in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$((PORT + 1))/ready" > /dev/null 2>&1 && break
-    [ "$i" = 100 ] && { echo "the $variant API did not become ready; its log:" >&2; tail "$WORK/$variant.api.log" >&2; exit 1; }
-    sleep 0.3
-  done
+  start_api "$variant" "$server" ADMISSION=off THROTTLES=off
   sweep 5 "$WORK/warm.json"
   local before; before=$(head -1 /proc/stat)
   sweep "$SECONDS_EACH" "$WORK/$variant.json"
@@ -97,11 +58,9 @@ run() {
   local busy; busy=$(printf '%s\n%s\n' "$before" "$(head -1 /proc/stat)" |
     awk '{ t = 0; for (i = 2; i <= NF; i++) t += $i; idle[NR] = $5 + $6; total[NR] = t }
          END { printf "%.0f%%", 100 * (1 - (idle[2] - idle[1]) / (total[2] - total[1])) }')
-  kill -TERM "$API"; wait "$API" || true; API=
   jq -r --arg v "$variant" '.steps[0] | "\($v | .+"       " | .[0:7]) 2xx/s=\(.goodput_rps | . * 10 | round / 10) p50_ms=\(.ok.uncorrected.p50_ms) p99_ms=\(.ok.uncorrected.p99_ms) refused=\(.refused.count) errors=\(.errors.count) machine_busy=\($busy)"' --arg busy "$busy" "$WORK/$variant.json"
   jq -r '.steps[0].goodput_rps' "$WORK/$variant.json" > "$WORK/$variant"
-  # The pinned wrapper's account of the process (CPU used, periods throttled), warm-up included.
-  grep -v '^{' "$WORK/$variant.api.log" | grep -v '^pinned: \(running\|SIGTERM\)' | sed 's/^/  /' || true
+  stop_api "$variant"
 }
 
 for r in $(seq 1 "$ROUNDS"); do
