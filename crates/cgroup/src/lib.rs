@@ -117,6 +117,22 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Two groups' counters as one group's: CPU, periods and events add up (so the throttled
+    /// share is the groups' together); the peak is the larger one's.
+    #[must_use]
+    pub fn together(self, other: Self) -> Self {
+        let add = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a + b);
+        Self {
+            nr_periods: self.nr_periods + other.nr_periods,
+            nr_throttled: self.nr_throttled + other.nr_throttled,
+            throttled_us: self.throttled_us + other.throttled_us,
+            usage_us: add(self.usage_us, other.usage_us),
+            peak_bytes: self.peak_bytes.max(other.peak_bytes),
+            limit_hits: add(self.limit_hits, other.limit_hits),
+            oom_kills: add(self.oom_kills, other.oom_kills),
+        }
+    }
+
     /// Share of periods that ended throttled.
     pub fn throttled_ratio(&self) -> f64 {
         if self.nr_periods == 0 { 0.0 } else { self.nr_throttled as f64 / self.nr_periods as f64 }
@@ -140,6 +156,20 @@ pub fn parse_cpu_stat(text: &str) -> Stats {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn groups_counters_add_up_to_one_groups() {
+        let stats = |periods, throttled, usage| Stats {
+            nr_periods: periods,
+            nr_throttled: throttled,
+            usage_us: Some(usage),
+            ..Stats::default()
+        };
+        let sum =
+            [stats(100, 50, 1_000), stats(100, 10, 3_000), stats(200, 0, 500)].into_iter().reduce(Stats::together);
+        let sum = sum.expect("three groups");
+        assert_eq!((sum.nr_periods, sum.nr_throttled, sum.usage_us), (400, 60, Some(4_500)));
+    }
 
     #[test]
     fn mounts_find_v1_controllers_and_v2() {

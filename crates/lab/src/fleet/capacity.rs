@@ -143,7 +143,7 @@ impl Ctx<'_> {
         ran?;
         let report = breakwater_loadlab::report::Report::read_json(&out)?;
         // The samples' clock starts as the generator is spawned, the report's as its run begins,
-        // a few milliseconds later: each step's window is read that much early.
+        // after the generator's start-up: each step's window is read that much early.
         let step_ends = report.steps.iter().map(|s| s.started_s + s.elapsed_s).collect();
         let run = PhaseRun {
             name: out.display().to_string(),
@@ -204,26 +204,11 @@ async fn sampled(load: impl Future<Output = Result<()>>, procs: &[Proc], port: u
             _ = tick.tick() => {
                 let t_s = t0.elapsed().as_secs_f64();
                 let (cgroup, postgres_cpu_s, machine) =
-                    (procs.iter().filter_map(Proc::stats).reduce(summed), postgres_cpu_seconds(), machine_jiffies());
+                    (procs.iter().filter_map(Proc::stats).reduce(Stats::together), postgres_cpu_seconds(), machine_jiffies());
                 let health_ms = health(port, Duration::from_secs(1)).await;
                 samples.push(XSample { t_s, cgroup, postgres_cpu_s, machine, pg_active: None, health_ms });
             }
         }
-    }
-}
-
-/// Two tasks' counters as one group's: CPU and periods add up, so the throttled share is the
-/// tasks' together.
-fn summed(a: Stats, b: Stats) -> Stats {
-    let add = |x: Option<u64>, y: Option<u64>| x.zip(y).map(|(x, y)| x + y);
-    Stats {
-        nr_periods: a.nr_periods + b.nr_periods,
-        nr_throttled: a.nr_throttled + b.nr_throttled,
-        throttled_us: a.throttled_us + b.throttled_us,
-        usage_us: add(a.usage_us, b.usage_us),
-        peak_bytes: a.peak_bytes.max(b.peak_bytes),
-        limit_hits: add(a.limit_hits, b.limit_hits),
-        oom_kills: add(a.oom_kills, b.oom_kills),
     }
 }
 
@@ -287,18 +272,5 @@ mod tests {
             Record { measured: String::new(), ramps: vec![ramp(vec![step(1_500.0, None), step(1_800.0, None)])] };
         let m = before.markdown();
         assert!(!m.contains("machine") && !m.contains("saturated"), "{m}");
-    }
-
-    #[test]
-    fn tasks_counters_add_up_to_one_groups() {
-        let stats = |periods, throttled, usage| Stats {
-            nr_periods: periods,
-            nr_throttled: throttled,
-            usage_us: Some(usage),
-            ..Stats::default()
-        };
-        let sum = [stats(100, 50, 1_000), stats(100, 10, 3_000), stats(200, 0, 500)].into_iter().reduce(summed);
-        let sum = sum.expect("three tasks");
-        assert_eq!((sum.nr_periods, sum.nr_throttled, sum.usage_us), (400, 60, Some(4_500)));
     }
 }
