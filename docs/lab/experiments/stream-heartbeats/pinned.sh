@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The inbox list's tail while 5,000 idle streams are open, at the production shape: #26's goal
 # (its p99 within 20% of the same load with no stream open), against two heartbeat schedules:
-#   grid100ms  this commit's API: an idle stream's next heartbeat is rounded up to the next
-#              tenth of a second, so the heartbeats due in the same tenth share one tick;
-#   grid1s     the same commit with whole-second.patch applied (the schedule before
-#              2026-12-04): rounded up to the next whole second, so streams opened in the same
-#              second beat at the same tick, every interval; built into target/stream-heartbeats.
+#   phase      this commit's API: heartbeats on a 100 ms grid, each stream's first at a random
+#              point of its first interval, so streams opened together beat at different ticks;
+#   grid100ms  the same commit with no-first-phase.patch applied (the schedule of 2026-12-04,
+#              a93930c): the first heartbeat a whole interval after the opening, so 5,000
+#              streams opened within five seconds share 50 of the interval's 200 ticks; built
+#              into target/stream-heartbeats.
+# (The whole-second grid that the 100 ms grid replaced was measured with this script's version
+# at d265817, whose whole-second.patch applied there.)
 # Each run is a fresh API, pinned at 0.25 core / 512 MiB (`xtask pinned`, the lab's production
 # tier; throttles off, the stream caps out of the way) on a 50-tenant small seed. RATE req/s of
 # `GET /v1/conversations?status=open` over the 50 tenants' tokens for SECONDS_EACH with no
@@ -25,7 +28,7 @@ STREAMS=${STREAMS:-5000}
 SETTLE=${SETTLE:-7}
 DB=stream_heartbeats_pinned
 PORT=18490
-GRID1S=$ROOT/target/stream-heartbeats/release/breakwater-api
+NO_PHASE=$ROOT/target/stream-heartbeats/release/breakwater-api
 STREAMER=
 cleanup_more() { if [ -n "$STREAMER" ]; then kill "$STREAMER" 2>/dev/null || true; fi; }
 ulimit -n "$(ulimit -Hn)"   # each stream is a socket on both sides
@@ -35,7 +38,7 @@ psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB"
 "$BIN/breakwater-seed" --database-url "$PGURL/$DB" --small --tenants 50 --conversations 5000 --messages 20000 -q \
   > "$WORK/seed.log"
 
-build_variant "$HERE/whole-second.patch" "$ROOT/target/stream-heartbeats"
+build_variant "$HERE/no-first-phase.patch" "$ROOT/target/stream-heartbeats"
 
 # One agent of each tenant (the token is minted by loadlab with the development secret).
 psql -qAt -v ON_ERROR_STOP=1 "$PGURL/$DB" -c \
@@ -53,7 +56,7 @@ inbox() {
 # run VARIANT: a fresh pinned API; the inbox list without streams, then with them open.
 run() {
   local variant=$1 server=$BIN/breakwater-api
-  [ "$variant" = grid1s ] && server=$GRID1S
+  [ "$variant" = grid100ms ] && server=$NO_PHASE
   start_api "$variant" "$server" THROTTLES=off MAX_CONNECTIONS=12000 STREAM_MAX=11000 STREAM_MAX_PER_TENANT=1000
   SECONDS_EACH=5 inbox "$WORK/warm.json" > /dev/null
   local without with
@@ -73,5 +76,5 @@ run() {
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r"
-  if [ $((r % 2)) = 1 ]; then run grid1s; run grid100ms; else run grid100ms; run grid1s; fi
+  if [ $((r % 2)) = 1 ]; then run grid100ms; run phase; else run phase; run grid100ms; fi
 done
