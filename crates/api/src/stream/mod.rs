@@ -181,14 +181,6 @@ fn next_heartbeat(after: Duration) -> tokio::time::Instant {
     *EPOCH + HEARTBEAT_GRID.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
 }
 
-/// A new stream's first heartbeat: at a random point of its first interval, on the grid. Streams
-/// opened together (a reconnection after a restart, a load test) would otherwise beat at the same
-/// few ticks ever after: 5,000 opened within five seconds share 50 of a 20 s interval's 200 ticks.
-/// The opening's frames do not move it (only [`State::sending`] a later frame does).
-fn first_heartbeat(heartbeat: Duration) -> tokio::time::Instant {
-    next_heartbeat(heartbeat.mul_f64(rand::random_range(0.0..1.0)))
-}
-
 /// The events of [`respond`], heartbeats included.
 fn events(
     subscription: Subscription,
@@ -216,7 +208,7 @@ fn events(
             last = head;
         }
     }
-    let beat = Box::pin(tokio::time::sleep_until(first_heartbeat(settings.heartbeat)));
+    let beat = Box::pin(tokio::time::sleep_until(next_heartbeat(settings.heartbeat)));
     let state = State { subscription, hub, filter, last, opening, done: false, beat };
     futures_util::stream::unfold(state, next)
 }
@@ -229,7 +221,7 @@ struct State {
     last: i64,
     opening: VecDeque<SseEvent>,
     done: bool,
-    /// When the stream is next due a heartbeat (reset by every frame after the opening).
+    /// When the stream is next due a heartbeat (reset by every event).
     beat: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
@@ -242,9 +234,9 @@ impl State {
 }
 
 async fn next(mut s: State) -> Option<(Result<SseEvent, Infallible>, State)> {
-    // The opening goes out at once, and leaves the first heartbeat where `first_heartbeat` drew
-    // it. (Its events were counted when it was made; its hint and `resync` are no events.)
+    // (The opening's events were counted when it was made; its hint and `resync` are no events.)
     if let Some(e) = s.opening.pop_front() {
+        s.sending();
         return Some((Ok(e), s));
     }
     if s.done {
@@ -443,40 +435,6 @@ mod tests {
         // Streams idle since moments apart share a tick (unless a point of the grid fell between).
         let apart = later.saturating_duration_since(first);
         assert!(apart == Duration::ZERO || apart == HEARTBEAT_GRID, "{apart:?}");
-    }
-
-    #[tokio::test]
-    async fn streams_opened_together_take_their_first_heartbeats_apart() {
-        let now = tokio::time::Instant::now();
-        let interval = Duration::from_secs(20);
-        let firsts: std::collections::BTreeSet<_> = (0..200).map(|_| first_heartbeat(interval)).collect();
-        assert!(firsts.iter().all(|f| *f <= now + interval + HEARTBEAT_GRID * 2), "within the first interval");
-        // 200 draws over 200 points of the grid: far more than a handful of ticks.
-        assert!(firsts.len() > 100, "{} distinct ticks", firsts.len());
-    }
-
-    #[tokio::test]
-    async fn the_opening_leaves_the_first_heartbeat_where_it_was_drawn() {
-        use futures_util::StreamExt as _;
-        let interval = Duration::from_secs(2);
-        let hub = Arc::new(Hub::new(Settings { max: 30, max_per_tenant: 30, heartbeat: interval, ..settings(8) }));
-        hub.listener_connected(true);
-        let opened = tokio::time::Instant::now();
-        let mut streams = Vec::new();
-        for _ in 0..30 {
-            let subscription = hub.subscribe(breakwater_domain::TenantId(Uuid::nil())).expect("under the caps");
-            let mut stream = Box::pin(events(subscription, hub.clone(), Filter::default(), Resume::Live));
-            let hint = stream.next().await.expect("the opening").unwrap_or_else(|never| match never {});
-            assert!(format!("{hint:?}").contains("retry:"), "{hint:?}");
-            streams.push(stream);
-        }
-        // Nothing happens on the streams: the first of their next frames is a heartbeat, at the
-        // earliest of 30 points drawn over the interval (about 65 ms in). Had the opening reset
-        // the beat, every first heartbeat would be a whole interval away.
-        let (beat, _, _) = futures_util::future::select_all(streams.iter_mut().map(|s| s.next())).await;
-        let beat = beat.expect("a heartbeat").unwrap_or_else(|never| match never {});
-        assert!(!format!("{beat:?}").contains("retry:"), "{beat:?}");
-        assert!(opened.elapsed() < interval / 2, "{:?}", opened.elapsed());
     }
 
     #[test]
