@@ -49,9 +49,22 @@ async fn the_ramp_finds_saturation_within_5_percent_and_the_knee_at_the_right_st
     let mut cfg = ramp_cfg(vec![srv.url("/queue")], vec![100.0, 150.0, 200.0, 300.0, 400.0], Duration::from_secs(1));
     cfg.run.sampling =
         Sampling { ops_url: Some(srv.url("/v1/ops/status")), pid: None, interval: Duration::from_millis(200) };
-    let report = runs::ramp(&cfg, Tokens::none(), None).await;
-    let a = report.analysis.as_ref().expect("analysis");
+    // What this test checks is the analysis of a valid measurement. A step the generator's own
+    // audit marks invalid (it fell behind its schedule: a busy CI machine) is left out of the
+    // analysis, which moves the knee; such a run measured nothing, so it is run again, at most
+    // three times, and a machine that never gives a valid run fails the audit assertion below.
+    let mut report = runs::ramp(&cfg, Tokens::none(), None).await;
     eprintln!("{}", report.table());
+    for _ in 1..3 {
+        if report.steps.iter().all(|s| s.audit.valid) {
+            break;
+        }
+        eprintln!("the generator's audit marked a step invalid: measuring again");
+        report = runs::ramp(&cfg, Tokens::none(), None).await;
+        eprintln!("{}", report.table());
+    }
+    assert!(report.steps.iter().all(|s| s.audit.valid), "the generator was never the limit");
+    let a = report.analysis.as_ref().expect("analysis");
 
     let sat = a.saturation.as_ref().expect("saturation found");
     let truth = 1.0 / SERVICE.as_secs_f64();
@@ -70,7 +83,6 @@ async fn the_ramp_finds_saturation_within_5_percent_and_the_knee_at_the_right_st
     let first = &report.steps[0];
     assert!((first.goodput_rps - 100.0).abs() < 3.0, "{}", first.goodput_rps);
     assert!(first.ok.corrected.p50_ms >= 4.0 && first.ok.corrected.p50_ms < 8.0, "{}", first.ok.corrected.p50_ms);
-    assert!(report.steps.iter().all(|s| s.audit.valid), "the generator was never the limit");
     // Server-side samples were taken per step, and the evidence names the full admission limit.
     assert!(!report.samples.is_empty());
     assert!(report.steps[4].server.contains_key("capacity.queue_depth"));
