@@ -3,7 +3,9 @@
 //! A request's token is verified once, before admission ([`verify_request`], as
 //! [`Verified`] in its extensions): admission's tenant key and the throttles read that outcome,
 //! so nothing divides capacity on a claim whose signature was not checked. Handlers take an
-//! [`Auth`], so no handler can reach the domain without a verified tenant.
+//! [`Auth`], so no handler can reach the domain without a verified tenant. A token that passed is
+//! remembered by its exact text, so a client's next request with it costs a lookup and an expiry
+//! check ([`JwtKeys::principal`]).
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
@@ -13,6 +15,7 @@ use breakwater_domain::{TenantId, UserId};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -62,13 +65,21 @@ pub struct TokenPolicy {
 /// Clock skew allowed on `exp` and `nbf`, seconds.
 const LEEWAY_SECS: u64 = 30;
 
-/// Signing and verifying keys, derived once from the secret.
+/// How many verified tokens one process remembers ([`JwtKeys::principal`]): about 3 MB at the
+/// seed's token size, more distinct tokens than a task sees in use at once at the production
+/// shape (the lab's 1,000-caller step has 1,000).
+pub const VERIFIED_TOKENS: usize = 10_000;
+
+/// Signing and verifying keys, derived once from the secret, and the tokens they verified lately.
 #[derive(Clone)]
 pub struct JwtKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
     max_ttl_secs: Option<u64>,
+    /// Tokens that passed every check of [`Self::verify`], by their exact text: the principal
+    /// and `exp`. Shared by clones (one per process).
+    verified: Arc<quick_cache::sync::Cache<Box<str>, (Auth, u64)>>,
 }
 
 impl std::fmt::Debug for JwtKeys {
@@ -109,6 +120,7 @@ impl JwtKeys {
             decoding: DecodingKey::from_secret(bytes),
             validation,
             max_ttl_secs: policy.max_ttl_secs,
+            verified: Arc::new(quick_cache::sync::Cache::new(VERIFIED_TOKENS)),
         }
     }
 
@@ -136,14 +148,46 @@ impl JwtKeys {
                 ErrorKind::InvalidAudience => ApiError::Unauthorized("token audience not accepted"),
                 _ => ApiError::Unauthorized("invalid token"),
             })?;
-        if let Some(max) = self.max_ttl_secs {
-            let now = u64::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
-            if claims.exp > now.saturating_add(max).saturating_add(LEEWAY_SECS) {
-                return Err(ApiError::Unauthorized("token lifetime exceeds the maximum (JWT_MAX_TTL_SECS)"));
-            }
+        if let Some(max) = self.max_ttl_secs
+            && claims.exp > now_secs().saturating_add(max).saturating_add(LEEWAY_SECS)
+        {
+            return Err(ApiError::Unauthorized("token lifetime exceeds the maximum (JWT_MAX_TTL_SECS)"));
         }
         Ok(claims)
     }
+
+    /// The principal of a token: [`Self::verify`]'s answer, remembered.
+    ///
+    /// A client sends the same token on every request until it expires, and a refusal paid for
+    /// verifying it as much as a served request: HS256's SHA-256, two base64 decodes and two JSON
+    /// parses were 17% of a kept-alive refusal's CPU (docs/ADMISSION.md). So a token that passed
+    /// every check is remembered by its exact text, and the same text again is answered from
+    /// memory, its expiry checked on each use as [`Self::verify`] checks it. The other checks cannot
+    /// change their answer as time passes (a token past its `nbf`, within the maximum lifetime,
+    /// with our issuer and audience stays so, and the keys are fixed for the process). Only
+    /// tokens that passed go in, so a forged or altered one is never answered from memory; an
+    /// expired one is forgotten and gets [`Self::verify`]'s 401. At most [`VERIFIED_TOKENS`]
+    /// are kept (S3-FIFO eviction: tokens seen once do not push out the ones in use).
+    ///
+    /// # Errors
+    /// [`Self::verify`]'s.
+    pub fn principal(&self, token: &str) -> Result<Auth, ApiError> {
+        if let Some((auth, exp)) = self.verified.get(token) {
+            if exp.saturating_add(LEEWAY_SECS) >= now_secs() {
+                return Ok(auth);
+            }
+            self.verified.remove(token);
+        }
+        let claims = self.verify(token)?;
+        let auth = Auth { tenant: TenantId(claims.tenant_id), user: UserId(claims.sub), role: claims.role };
+        self.verified.insert(token.into(), (auth, claims.exp));
+        Ok(auth)
+    }
+}
+
+/// Seconds since the Unix epoch, the clock `jsonwebtoken` checks `exp` against.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// The verified principal of a request.
@@ -170,8 +214,7 @@ impl Auth {
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .ok_or(ApiError::Unauthorized("expected Authorization: Bearer token"))?;
-        let claims = keys.verify(token.trim())?;
-        Ok(Self { tenant: TenantId(claims.tenant_id), user: UserId(claims.sub), role: claims.role })
+        keys.principal(token.trim())
     }
 }
 
@@ -180,8 +223,8 @@ impl Auth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verified(pub Result<Auth, &'static str>);
 
-/// Verifies the request's token once (HS256: a few microseconds, the price of a base64 and JSON
-/// decode that reading the claim unverified paid anyway) and records the outcome.
+/// Verifies the request's token once (HS256: a few microseconds the first time a token is seen,
+/// a lookup after that: [`JwtKeys::principal`]) and records the outcome.
 pub fn verify_request<B>(keys: &JwtKeys, mut req: axum::http::Request<B>) -> axum::http::Request<B> {
     let outcome = Auth::from_headers(req.headers(), keys).map_err(|e| match e {
         ApiError::Unauthorized(why) => why,
@@ -321,6 +364,52 @@ mod tests {
         // Without an issuer or audience configured, tokens carrying either are still accepted.
         let lax = JwtKeys::new(&secret);
         assert!(lax.verify(&lax.mint(&good()).expect("mint")).is_ok());
+    }
+
+    #[test]
+    fn a_remembered_token_is_answered_alike_until_it_expires() {
+        let keys = keys();
+        // Valid for about a second past the leeway.
+        let c = claims(now_secs() + 1 - LEEWAY_SECS);
+        let token = keys.mint(&c).expect("mint");
+        let first = keys.principal(&token).expect("valid");
+        assert_eq!(keys.verified.len(), 1, "a verified token is remembered");
+        let again = keys.principal(&token).expect("valid, from memory");
+        assert_eq!(first, again);
+        assert_eq!((again.tenant, again.user, again.role), (TenantId(c.tenant_id), UserId(c.sub), Role::Agent));
+        // Clones share the memory (hyper clones the state per connection).
+        assert_eq!(keys.clone().verified.len(), 1);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while now_secs() <= c.exp + LEEWAY_SECS {
+            assert!(std::time::Instant::now() < deadline, "the clock did not move");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        match keys.principal(&token) {
+            Err(ApiError::Unauthorized(why)) => assert_eq!(why, "token expired"),
+            other => panic!("an expired token was answered from memory: {other:?}"),
+        }
+        assert_eq!(keys.verified.len(), 0, "an expired token is forgotten");
+    }
+
+    #[test]
+    fn only_tokens_that_pass_are_remembered_and_one_changed_byte_is_refused() {
+        let keys = keys();
+        let token = keys.mint(&claims(now_secs() + 600)).expect("mint");
+        let other = JwtKeys::new(&SecretString::from("another-secret-another-secret-xx"));
+        let forged = other.mint(&claims(now_secs() + 600)).expect("mint");
+        assert!(keys.principal(&forged).is_err());
+        assert!(keys.principal(&keys.mint(&claims(now_secs() - 3600)).expect("mint")).is_err());
+        assert_eq!(keys.verified.len(), 0, "refused tokens are not remembered");
+        keys.principal(&token).expect("valid");
+        // The remembered token's text with any one character changed (its claims or its
+        // signature) is a different key, verified in full, and refused.
+        for i in 0..token.len() {
+            let mut altered = token.clone().into_bytes();
+            altered[i] = if altered[i] == b'A' { b'B' } else { b'A' };
+            let altered = String::from_utf8(altered).expect("ascii");
+            assert!(keys.principal(&altered).is_err(), "byte {i} changed was accepted");
+        }
+        assert_eq!(keys.verified.len(), 1);
     }
 
     fn base64_url(bytes: &[u8]) -> String {
