@@ -1,9 +1,9 @@
 # Shared by the experiments that run the release API pinned at the production shape
-# (stream-outbox/pinned.sh, stream-heartbeats/pinned.sh), sourced first, with the script's
-# arguments: strict mode, the experiment's directory (HERE, the working directory) and ROUNDS
-# (its first argument, 3 by default), the production tier's settings, the binaries' check, a
-# variant built from a patch, and a pinned API started, awaited and stopped (on DB and PORT,
-# which the experiment sets).
+# (stream-outbox/pinned.sh, stream-heartbeats/pinned.sh, stream-storm/pinned.sh), sourced first,
+# with the script's arguments: strict mode, the experiment's directory (HERE, the working
+# directory) and ROUNDS (its first argument, 3 by default), the production tier's settings, the
+# binaries' check, a variant built from a patch, the streams' data set, and a pinned API started,
+# awaited and stopped (on DB and PORT, which the experiment sets).
 #
 # env: PGURL (the server)
 set -euo pipefail
@@ -47,6 +47,20 @@ build_variant() {
   (cd "$tree" && env "$@" CARGO_TARGET_DIR="$dir" cargo build -q --release --locked -p breakwater-api --bin breakwater-api) \
     2> "$WORK/build.log" || { cat "$WORK/build.log" >&2; exit 1; }
   git -C "$ROOT" worktree remove --force "$tree"
+}
+
+# seed_streams_data: DB seeded afresh with 50 tenants (5,000 conversations, 20,000 messages),
+# and $WORK/tokens.jsonl with one agent of each tenant (loadlab mints their tokens with the
+# development secret): the streams experiments' data set.
+seed_streams_data() {
+  echo "seeding $DB (50 tenants, 5,000 conversations, 20,000 messages)" >&2
+  psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB"
+  "$BIN/breakwater-seed" --database-url "$PGURL/$DB" --small --tenants 50 --conversations 5000 --messages 20000 -q \
+    > "$WORK/seed.log"
+  psql -qAt -v ON_ERROR_STOP=1 "$PGURL/$DB" -c \
+    "SELECT json_build_object('tenant_id', tenant_id, 'user_id', id) FROM (
+       SELECT DISTINCT ON (tenant_id) tenant_id, id FROM users WHERE role = 'agent' ORDER BY tenant_id, id) u" \
+    > "$WORK/tokens.jsonl"
 }
 
 # start_api NAME SERVER [NAME=value...]: a fresh API (the binary SERVER) pinned at 0.25 core /

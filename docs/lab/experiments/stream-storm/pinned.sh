@@ -21,16 +21,7 @@ PROBER=
 cleanup_more() { if [ -n "$PROBER" ]; then kill "$PROBER" 2>/dev/null || true; fi; }
 ulimit -n "$(ulimit -Hn)"   # each stream is a socket on both sides
 
-echo "seeding $DB (50 tenants, 5,000 conversations, 20,000 messages)" >&2
-psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB"
-"$BIN/breakwater-seed" --database-url "$PGURL/$DB" --small --tenants 50 --conversations 5000 --messages 20000 -q \
-  > "$WORK/seed.log"
-
-# One agent of each tenant (the token is minted by loadlab with the development secret).
-psql -qAt -v ON_ERROR_STOP=1 "$PGURL/$DB" -c \
-  "SELECT json_build_object('tenant_id', tenant_id, 'user_id', id) FROM (
-     SELECT DISTINCT ON (tenant_id) tenant_id, id FROM users WHERE role = 'agent' ORDER BY tenant_id, id) u" \
-  > "$WORK/tokens.jsonl"
+seed_streams_data
 
 BIG=1000000
 for r in $(seq 1 "$ROUNDS"); do
