@@ -12,7 +12,7 @@ use axum::http::header;
 use axum::http::request::Parts;
 use breakwater_domain::tenants::Role;
 use breakwater_domain::{TenantId, UserId};
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, get_current_timestamp};
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -149,7 +149,7 @@ impl JwtKeys {
                 _ => ApiError::Unauthorized("invalid token"),
             })?;
         if let Some(max) = self.max_ttl_secs
-            && claims.exp > now_secs().saturating_add(max).saturating_add(LEEWAY_SECS)
+            && claims.exp > get_current_timestamp().saturating_add(max).saturating_add(LEEWAY_SECS)
         {
             return Err(ApiError::Unauthorized("token lifetime exceeds the maximum (JWT_MAX_TTL_SECS)"));
         }
@@ -173,7 +173,7 @@ impl JwtKeys {
     /// [`Self::verify`]'s.
     pub fn principal(&self, token: &str) -> Result<Auth, ApiError> {
         if let Some((auth, exp)) = self.verified.get(token) {
-            if exp.saturating_add(LEEWAY_SECS) >= now_secs() {
+            if exp.saturating_add(LEEWAY_SECS) >= get_current_timestamp() {
                 return Ok(auth);
             }
             self.verified.remove(token);
@@ -183,11 +183,6 @@ impl JwtKeys {
         self.verified.insert(token.into(), (auth, claims.exp));
         Ok(auth)
     }
-}
-
-/// Seconds since the Unix epoch, the clock `jsonwebtoken` checks `exp` against.
-fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// The verified principal of a request.
@@ -370,7 +365,7 @@ mod tests {
     fn a_remembered_token_is_answered_alike_until_it_expires() {
         let keys = keys();
         // Valid for about a second past the leeway.
-        let c = claims(now_secs() + 1 - LEEWAY_SECS);
+        let c = claims(now() + 1 - LEEWAY_SECS);
         let token = keys.mint(&c).expect("mint");
         let first = keys.principal(&token).expect("valid");
         assert_eq!(keys.verified.len(), 1, "a verified token is remembered");
@@ -380,7 +375,7 @@ mod tests {
         // Clones share the memory (hyper clones the state per connection).
         assert_eq!(keys.clone().verified.len(), 1);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while now_secs() <= c.exp + LEEWAY_SECS {
+        while now() <= c.exp + LEEWAY_SECS {
             assert!(std::time::Instant::now() < deadline, "the clock did not move");
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -394,11 +389,11 @@ mod tests {
     #[test]
     fn only_tokens_that_pass_are_remembered_and_one_changed_byte_is_refused() {
         let keys = keys();
-        let token = keys.mint(&claims(now_secs() + 600)).expect("mint");
+        let token = keys.mint(&claims(now() + 600)).expect("mint");
         let other = JwtKeys::new(&SecretString::from("another-secret-another-secret-xx"));
-        let forged = other.mint(&claims(now_secs() + 600)).expect("mint");
+        let forged = other.mint(&claims(now() + 600)).expect("mint");
         assert!(keys.principal(&forged).is_err());
-        assert!(keys.principal(&keys.mint(&claims(now_secs() - 3600)).expect("mint")).is_err());
+        assert!(keys.principal(&keys.mint(&claims(now() - 3600)).expect("mint")).is_err());
         assert_eq!(keys.verified.len(), 0, "refused tokens are not remembered");
         keys.principal(&token).expect("valid");
         // The remembered token's text with any one character changed (its claims or its
