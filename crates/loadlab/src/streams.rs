@@ -61,6 +61,12 @@ pub struct StreamsReport {
     pub all_open_seconds: f64,
     /// Time from a stream's request to its first frame.
     pub open: Pcts,
+    /// Each new connection's TCP connect, from the SYN to the handshake's end: a wait in the
+    /// server's listen queue, or a SYN it dropped and the kernel sent again (after 1, 3, 7 s...).
+    pub connect: Pcts,
+    /// The request that opened a stream, from its sending on an open connection to the
+    /// stream's first frame: what an admitted request took, without the connect's wait.
+    pub admitted: Pcts,
     pub writes_ok: u64,
     pub writes_failed: u64,
     pub events: u64,
@@ -94,6 +100,8 @@ struct Shared {
     refused: Mutex<BTreeMap<u16, u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
     open: Mutex<Hist>,
+    connect: Mutex<Hist>,
+    admitted: Mutex<Hist>,
     latency: Mutex<Hist>,
     last_open: Mutex<Option<Instant>>,
 }
@@ -166,6 +174,8 @@ pub async fn run(config: &StreamsConfig, tokens: &Tokens) -> anyhow::Result<Stre
         errors: shared.errors.lock().await.clone(),
         all_open_seconds,
         open: shared.open.lock().await.summary(),
+        connect: shared.connect.lock().await.summary(),
+        admitted: shared.admitted.lock().await.summary(),
         writes_ok: get(&t.writes_ok),
         writes_failed: get(&t.writes_failed),
         events: get(&t.events),
@@ -280,7 +290,9 @@ async fn open(
     let mut sender = match reusable {
         Some(s) => s,
         None => {
+            let connecting = Instant::now();
             let Ok(stream) = tokio::net::TcpStream::connect(authority).await else { return fail("connect").await };
+            shared.connect.lock().await.record(connecting.elapsed());
             let _ = stream.set_nodelay(true);
             let Ok((sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await else {
                 return fail("handshake").await;
@@ -298,6 +310,7 @@ async fn open(
         .header(http::header::AUTHORIZATION, tenant.authorization.clone())
         .body(Empty::<Bytes>::new());
     let Ok(request) = request else { return fail("request").await };
+    let sent = Instant::now();
     let Ok(response) = sender.send_request(request).await else { return fail("send").await };
     if response.status() != http::StatusCode::OK {
         *shared.refused.lock().await.entry(response.status().as_u16()).or_default() += 1;
@@ -329,6 +342,7 @@ async fn open(
             first = false;
             shared.tally.opened.fetch_add(1, Ordering::Relaxed);
             shared.open.lock().await.record(asked.elapsed());
+            shared.admitted.lock().await.record(sent.elapsed());
             *shared.last_open.lock().await = Some(Instant::now());
         }
         for event in reader.push(&data) {
