@@ -64,12 +64,12 @@ seed_streams_data() {
 }
 
 # start_api NAME SERVER [NAME=value...]: a fresh API (the binary SERVER) pinned at 0.25 core /
-# 512 MiB with the production tier and the settings given, on PORT (ops on PORT + 1) against
-# DB; returns once it is ready. Its log: $WORK/NAME.api.log.
+# 512 MiB with the production tier and the settings given (which win over the tier's), on PORT
+# (ops on PORT + 1) against DB; returns once it is ready. Its log: $WORK/NAME.api.log.
 start_api() {
   local name=$1 server=$2; shift 2
   env DATABASE_URL="$PGURL/$DB" APP_ENV=development BIND_ADDR="127.0.0.1:$PORT" OPS_ADDR="127.0.0.1:$((PORT + 1))" \
-    "$@" $TIER LOG_FORMAT=json "$BIN/xtask" pinned -- "$server" serve > "$WORK/$name.api.log" 2>&1 &
+    $TIER "$@" LOG_FORMAT=json "$BIN/xtask" pinned -- "$server" serve > "$WORK/$name.api.log" 2>&1 &
   API=$!
   local i
   for i in $(seq 1 100); do
