@@ -20,12 +20,22 @@ use super::processes::ops_status;
 use super::{Ctx, haproxy, log};
 use crate::rig::services::RedisServer;
 
-/// The tenant's limit: far under what the loop offers, and high enough that a third of it
-/// (each task's share while Redis is down) still admits several requests a second.
-const RATE_PER_SEC: f64 = 30.0;
-const BURST: u32 = 30;
-/// The loop's rate: five times the limit.
-const OFFERED_PER_SEC: f64 = 150.0;
+/// The tenant's limit and the loop's rate: five times the limit.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    rate_per_sec: f64,
+    burst: u32,
+    offered_per_sec: f64,
+}
+
+/// The full run's: far under what the loop offers, and high enough that a third of it (each
+/// task's share while Redis is down) still admits several requests a second.
+const FULL: Load = Load { rate_per_sec: 30.0, burst: 30, offered_per_sec: 150.0 };
+/// `--quick`'s (CI's debug builds, a quarter core each): a third of the full run's, so that the
+/// tasks' debug builds serve it with room on a slow machine (at the full run's load, one CI
+/// machine's tasks answered 62 of about 2,400 requests with admission's and the bulkhead's 503s);
+/// each task's share is still over three requests a second.
+const QUICK: Load = Load { rate_per_sec: 10.0, burst: 10, offered_per_sec: 50.0 };
 
 /// One window of the run: while Redis was up, or after it was killed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -159,22 +169,26 @@ impl Ctx<'_> {
     /// The fleet-wide throttles' run: `tasks` tasks up, the load, Redis killed halfway.
     pub(super) async fn throttles(&self, tasks: u32, tenant: &breakwater_loadlab::tokens::Tenant) -> Result<Record> {
         let half = Duration::from_secs(if self.plan.quick { 8 } else { 15 });
+        let load = if self.plan.quick { QUICK } else { FULL };
         log(&format!(
-            "== throttles: {tasks} tasks, one tenant at {OFFERED_PER_SEC} req/s, Redis killed at {} s ==",
+            "== throttles: {tasks} tasks, one tenant at {} req/s (its limit {}/s, burst {}), Redis killed at {} s ==",
+            load.offered_per_sec,
+            load.rate_per_sec,
+            load.burst,
             half.as_secs()
         ));
         let redis = RedisServer::start(super::free_port()?, &self.runs.join("throttles-redis.log"))?;
         let redis_url = redis.url();
-        let launch = self.launch_as("throttles", "adaptive", &redis_url, Some((RATE_PER_SEC, BURST)));
+        let launch = self.launch_as("throttles", "adaptive", &redis_url, Some((load.rate_per_sec, load.burst)));
         let (balancer, procs) = self.serving("throttles", tasks, &launch).await?;
         let slots: Vec<_> = self.slots().into_iter().take(tasks as usize).collect();
-        let measured = self.throttle_load(&slots, redis, half, tenant).await;
+        let measured = self.throttle_load(&slots, redis, half, load.offered_per_sec, tenant).await;
         for p in procs {
             p.stop(Duration::from_secs(15)).await;
         }
         balancer.stop().await;
         let (samples, kill_at, before, after, degraded) = measured?;
-        Ok(record(tasks, &samples, kill_at, before, after, degraded))
+        Ok(record(tasks, load, &samples, kill_at, before, after, degraded))
     }
 
     /// The open loop, the kill halfway, and each task's fallback counters either side of it.
@@ -184,13 +198,14 @@ impl Ctx<'_> {
         slots: &[haproxy::Slot],
         redis: RedisServer,
         half: Duration,
+        offered_per_sec: f64,
         tenant: &breakwater_loadlab::tokens::Tenant,
     ) -> Result<(Vec<Sample>, Duration, Vec<u64>, Vec<u64>, Option<Duration>)> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).pool_max_idle_per_host(256).build()?;
         let ops: Vec<SocketAddr> = slots.iter().map(|s| s.ops).collect();
         let url = format!("http://{}/v1/conversations?status=open&limit=1", self.listen());
         let t0 = Instant::now();
-        let interval = Duration::from_secs_f64(1.0 / OFFERED_PER_SEC);
+        let interval = Duration::from_secs_f64(1.0 / offered_per_sec);
         let mut requests = tokio::task::JoinSet::new();
         let mut next = t0;
         let mut redis = Some(redis);
@@ -274,6 +289,7 @@ async fn all_degraded(http: &reqwest::Client, ops: &[SocketAddr]) -> bool {
 /// (sent before it and answered after included) counts against the fallback.
 fn record(
     tasks: u32,
+    load: Load,
     samples: &[Sample],
     kill_at: Duration,
     before: Vec<u64>,
@@ -291,7 +307,7 @@ fn record(
             seconds,
             sent: of.len(),
             admitted: of.iter().filter(ok).count(),
-            expected: u64::from(BURST) + (RATE_PER_SEC * seconds).floor() as u64,
+            expected: u64::from(load.burst) + (load.rate_per_sec * seconds).floor() as u64,
         }
     };
     let (up, down): (Vec<&Sample>, Vec<&Sample>) = samples.iter().partition(|s| s.answered < kill_at);
@@ -313,9 +329,9 @@ fn record(
     Record {
         measured: String::new(),
         tasks,
-        rate_per_sec: RATE_PER_SEC,
-        burst: BURST,
-        offered_per_sec: OFFERED_PER_SEC,
+        rate_per_sec: load.rate_per_sec,
+        burst: load.burst,
+        offered_per_sec: load.offered_per_sec,
         windows: vec![window("Redis up", up), window("Redis killed", down)],
         throttled,
         throttled_with_retry_after: with_retry_after,
@@ -349,8 +365,15 @@ mod tests {
             }
             samples.push(sample(t, if admit { 200 } else { 429 }));
         }
-        let r =
-            record(3, &samples, Duration::from_millis(10_000), vec![0; 3], vec![5; 3], Some(Duration::from_millis(30)));
+        let r = record(
+            3,
+            FULL,
+            &samples,
+            Duration::from_millis(10_000),
+            vec![0; 3],
+            vec![5; 3],
+            Some(Duration::from_millis(30)),
+        );
         assert_eq!(r.windows[0].admitted, 330);
         assert_eq!(r.windows[0].expected, 30 + 299, "the window is first to last send: 9.993 s");
         assert_eq!(r.windows[1].admitted, 332);
@@ -364,7 +387,7 @@ mod tests {
             answered: Duration::from_secs(1),
             outcome: Ok((429, Some("rate_limited".into()), false)),
         });
-        let r = record(3, &forged, Duration::from_millis(10_000), vec![0; 3], vec![0, 5, 5], None);
+        let r = record(3, FULL, &forged, Duration::from_millis(10_000), vec![0; 3], vec![0, 5, 5], None);
         let goals = r.goals();
         assert!(!goals[2].2, "a 429 without Retry-After fails the goal");
         assert!(!goals[4].2, "a task that never fell back fails the goal");
