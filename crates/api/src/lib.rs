@@ -31,6 +31,7 @@ pub mod extract;
 pub mod figures;
 pub mod metrics;
 pub mod openapi;
+pub mod ops_listener;
 pub mod permissions;
 pub mod queue_stats;
 pub mod redis;
@@ -196,7 +197,7 @@ pub struct Running {
     pub state: AppState,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
-    ops_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    ops: ops_listener::OpsListener,
     /// The CloudWatch lines' writer, when configured.
     emf: Option<breakwater_telemetry::emf::Publishing>,
 }
@@ -216,22 +217,14 @@ impl Running {
         self.shutdown.cancel();
         let served = self.task.await;
         // The ops listener closes with the public one, after the drain delay in which `/ready`
-        // has said 503; a connection it cannot close gracefully (it has no header timeout) gets
-        // the same grace as the public ones, then the listener is stopped.
-        let mut ops_task = self.ops_task;
-        let ops = match tokio::time::timeout(self.state.config.shutdown_grace(), &mut ops_task).await {
-            Ok(done) => done,
-            Err(_) => {
-                ops_task.abort();
-                Ok(Ok(()))
-            }
-        };
+        // has said 503, within the same grace.
+        let ops = self.ops.stopped().await;
         // The last lines once the server has drained, so its final requests are counted.
         if let Some(emf) = self.emf {
             emf.finish().await;
         }
         served??;
-        ops??;
+        ops?;
         self.state.pool.close().await;
         Ok(())
     }
@@ -261,8 +254,7 @@ pub async fn start_with_pool(
         None => server::bind(config.bind_addr, config.listen_backlog)?,
     };
     let addr = listener.local_addr()?;
-    let ops_listener = TcpListener::bind(config.ops_addr).await?;
-    let ops_addr = ops_listener.local_addr()?;
+    let ops_socket = ops_listener::bind(config.ops_addr)?;
     let redis = redis::pool(&config.redis_url, config.redis_cluster)?;
     let state = AppState::new(config, pool, redis)?;
     throttle::spawn_override_refresh(state.throttles.clone(), state.pool.clone(), Duration::from_secs(30));
@@ -288,12 +280,9 @@ pub async fn start_with_pool(
         options,
         shutdown.clone(),
     ));
-    let ops_app = routes::ops_router().with_state(state.clone());
-    let ops_shutdown = shutdown.clone();
-    let ops_task = tokio::spawn(async move {
-        axum::serve(ops_listener, ops_app).with_graceful_shutdown(ops_shutdown.cancelled_owned()).await
-    });
-    Ok(Running { addr, ops_addr, state, shutdown, task, ops_task, emf })
+    let ops = ops_listener::OpsListener::start(ops_socket, state.clone(), &shutdown)?;
+    let ops_addr = ops.addr();
+    Ok(Running { addr, ops_addr, state, shutdown, task, ops, emf })
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.

@@ -5,7 +5,8 @@
 //! cluster mode on). The throttles' keys are hash-tagged per tenant, so a tenant's buckets live
 //! in one slot and the cluster spreads tenants over its shards.
 //!
-//! One multiplexed connection per process (per shard on a cluster), shared by every request:
+//! One multiplexed connection per process (per shard on a cluster; readiness has one of its own,
+//! `ops_listener::Probes`), shared by every request:
 //! calls that overlap are pipelined on it, and a request costs its own commands and nothing else (a
 //! pool's check-out costs a round trip of its own, `UNWATCH` + `PING`, measured in
 //! docs/lab/history/2026-12-03-redis-one-connection.md). The `redis` crate's connection manager
@@ -186,11 +187,16 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// Whether Redis answers `PING` within `timeout`.
+/// Whether Redis answers `PING` within `timeout`. When it does not, the connection is left
+/// behind ([`RedisPool::reset`]), so the next ping connects afresh.
 pub async fn ping(pool: &RedisPool, timeout: Duration) -> bool {
     let probe = async {
         let mut conn = pool.get().await.ok()?;
         redis::cmd("PING").query_async::<String>(&mut conn).await.ok()
     };
-    matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(_)))
+    let answered = matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(_)));
+    if !answered {
+        pool.reset();
+    }
+    answered
 }

@@ -90,6 +90,43 @@ async fn shutdown_turns_readiness_off_then_drains_in_flight_requests(pool: PgPoo
     assert!(http.get(&url).send().await.is_err(), "listener still open after shutdown");
 }
 
+/// The balancer's probe does not wait for the request runtime: with that runtime stuck (here its
+/// only thread, this test's, is blocked), `/ready` on the ops listener is answered from the ops
+/// thread and its own connections, while `/health` on the public port waits for the runtime.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn readiness_answers_while_the_request_runtime_is_stuck(pool: PgPool) {
+    let app = common::spawn(pool).await;
+    // Opens readiness's own connections, as the balancer's first probe does.
+    assert_eq!(app.ops("/ready").await.status, reqwest::StatusCode::OK);
+    let get = |addr: std::net::SocketAddr, path: &'static str| {
+        std::thread::spawn(move || {
+            use std::io::{Read as _, Write as _};
+            let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+            conn.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout set");
+            conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n").as_bytes())
+                .expect("request written");
+            let mut out = Vec::new();
+            let _ = conn.read_to_end(&mut out);
+            (String::from_utf8_lossy(&out).into_owned(), Instant::now())
+        })
+    };
+    let ready = get(app.running.ops_addr, "/ready");
+    let health = get(app.running.addr, "/health");
+    std::thread::sleep(Duration::from_secs(2));
+    let unblocked = Instant::now();
+    let (ready, ready_at) = ready.join().expect("probe thread");
+    let (health, health_at) =
+        tokio::task::spawn_blocking(move || health.join().expect("probe thread")).await.expect("join");
+    assert!(ready.starts_with("HTTP/1.1 200"), "/ready while the request runtime was stuck: {ready:?}");
+    assert!(ready.contains(r#""database":"ok""#), "{ready}");
+    assert!(ready_at < unblocked, "/ready waited for the request runtime");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
+    assert!(
+        health_at >= unblocked,
+        "the public /health answered while its runtime was blocked: the test blocked nothing"
+    );
+}
+
 /// Sends one request on a new connection and reads until the server closes it (or `wait` passes).
 async fn one_shot(addr: std::net::SocketAddr, request: &[u8], wait: Duration) -> std::io::Result<String> {
     let mut conn = TcpStream::connect(addr).await?;

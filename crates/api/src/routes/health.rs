@@ -10,6 +10,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
+use crate::ops_listener::OpsState;
 use crate::state::AppState;
 
 /// `/health`: on the public listener and the ops listener.
@@ -17,8 +18,8 @@ pub(crate) fn router() -> Router<AppState> {
     Router::new().route("/health", get(health))
 }
 
-/// `/ready`: on the ops listener only (it asks PostgreSQL and Redis).
-pub(crate) fn ready_router() -> Router<AppState> {
+/// `/ready`: on the ops listener only (it asks PostgreSQL and Redis, on its own connections).
+pub(crate) fn ready_router() -> Router<OpsState> {
     Router::new().route("/ready", get(ready))
 }
 
@@ -47,16 +48,19 @@ pub(crate) struct Readiness {
 }
 
 /// How long readiness waits for each dependency.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Readiness: PostgreSQL answers and the process is not shutting down. Redis is reported but
-/// not required: without it the throttles run in-process and the API still serves safely.
-pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    let redis = if crate::redis::ping(&state.redis, PROBE_TIMEOUT).await { "ok" } else { "unreachable" };
-    let database = if state.is_shutting_down() {
+/// not required: without it the throttles run in-process and the API still serves safely. Both
+/// are asked on readiness's own connections (`ops_listener::Probes`): a request pool busy to its
+/// last connection is the bulkhead at work, not a database that does not answer.
+pub(crate) async fn ready(State(state): State<OpsState>) -> (StatusCode, Json<Readiness>) {
+    let probes = &state.probes;
+    let redis = if crate::redis::ping(&probes.redis, PROBE_TIMEOUT).await { "ok" } else { "unreachable" };
+    let database = if state.app.is_shutting_down() {
         "shutting_down"
     } else {
-        match tokio::time::timeout(PROBE_TIMEOUT, breakwater_domain::database::ping(&state.pool)).await {
+        match tokio::time::timeout(PROBE_TIMEOUT, breakwater_domain::database::ping(&probes.database)).await {
             Ok(Ok(_)) => "ok",
             _ => "unreachable",
         }

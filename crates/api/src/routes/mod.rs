@@ -2,6 +2,7 @@
 
 use axum::Router;
 
+use crate::ops_listener::OpsState;
 use crate::state::AppState;
 
 pub(crate) mod contacts;
@@ -25,14 +26,25 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
     Router::new().merge(health::router()).merge(tenant_routes)
 }
 
-/// The ops listener's routes (`OPS_ADDR`): liveness, readiness, every limit live, and the
-/// Prometheus metrics. Never routed from the internet (docs/OPERATIONS.md).
-pub(crate) fn ops_router() -> Router<AppState> {
+/// The ops listener's routes (`OPS_ADDR`, served on its own thread by `ops_listener`):
+/// liveness and readiness there, every limit live and the Prometheus metrics on the request
+/// runtime. Never routed from the internet (docs/OPERATIONS.md).
+pub(crate) fn ops_router() -> Router<OpsState> {
+    use axum::extract::State;
+    use axum::routing::get;
     Router::new()
-        .merge(health::router())
+        .route("/health", get(health::health))
         .merge(health::ready_router())
-        .merge(ops::router())
-        .route("/metrics", axum::routing::get(crate::metrics::scrape))
+        .route(
+            "/v1/ops/status",
+            get(|State(s): State<OpsState>| async move { s.on_requests(ops::status(State(s.app.clone()))).await }),
+        )
+        .route(
+            "/metrics",
+            get(|State(s): State<OpsState>| async move {
+                s.on_requests(crate::metrics::scrape(State(s.app.clone()))).await
+            }),
+        )
 }
 
 /// Parses the `limit` query parameter into a page size.

@@ -2,16 +2,11 @@
 //! live value. Publishing these is what lets an operator (or a customer) see which layer is the
 //! bottleneck without guessing.
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Serialize;
 
 use crate::state::AppState;
-
-pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/v1/ops/status", get(status))
-}
 
 /// The whole picture.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
