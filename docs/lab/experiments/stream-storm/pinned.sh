@@ -12,8 +12,9 @@
 # - the SYNs the kernel dropped from the full listen queue (`ListenOverflows` in
 #   /proc/net/netstat, machine-wide, over the storm);
 # - `/health` probed every 100 ms on the public listener, which the storm shares, and on the ops
-#   listener, which it does not (the balancer's check is there), each probe on a new connection,
-#   given up after 5 s: the probes over 1 s and the slowest (goal: always answering).
+#   listener, which it does not, and `/ready` (the balancer's check, which asks PostgreSQL and
+#   Redis) on the ops listener, each probe on a new connection, given up after 5 s: the probes
+#   over 1 s and the slowest (goal: always answering).
 # ROUNDS storms, 15 s apart, each on a fresh API.
 #
 # Usage, as root (the cgroup), after `cargo build --release --locked` of breakwater-api,
@@ -29,19 +30,19 @@ DB=stream_storm_pinned
 PORT=18500
 PROBERS=
 cleanup_more() { if [ -n "$PROBERS" ]; then kill $PROBERS 2>/dev/null || true; fi; }
-# probe LISTENER_PORT OUT: /health every 100 ms until killed; a line per probe: status, seconds.
+# probe LISTENER_PORT PATH OUT: PATH every 100 ms until killed; a line per probe: status, seconds.
 probe() {
   while :; do
-    curl -s -o /dev/null -m 5 -w '%{http_code} %{time_total}\n' "http://127.0.0.1:$1/health" || echo "000 5"
+    curl -s -o /dev/null -m 5 -w '%{http_code} %{time_total}\n' "http://127.0.0.1:$1$2" || echo "000 5"
     sleep 0.1
-  done > "$2"
+  done > "$3"
 }
 # The kernel's count of SYNs dropped because a listen queue was full.
 listen_overflows() { awk '/^TcpExt:/ { if (!seen++) { split($0, h); next } for (i = 2; i <= NF; i++) if (h[i] == "ListenOverflows") print $i }' /proc/net/netstat; }
-# health_line STORM NAME FILE: the probes, those over 1 s or failed, the slowest.
+# health_line STORM WHAT FILE: the probes, those over 1 s or failed, the slowest.
 health_line() {
-  awk -v r="$1" -v name="$2" '{n++; if ($1 != "200" || $2 > 1) f++; if ($2 > m) m = $2}
-    END {printf "storm %s: /health on the %s listener: %d probes, %d failed or over 1 s, slowest %.0f ms\n", r, name, n, f, m * 1000}' "$3"
+  awk -v r="$1" -v what="$2" '{n++; if ($1 != "200" || $2 > 1) f++; if ($2 > m) m = $2}
+    END {printf "storm %s: %s: %d probes, %d failed or over 1 s, slowest %.0f ms\n", r, what, n, f, m * 1000}' "$3"
 }
 ulimit -n "$(ulimit -Hn)"   # each stream is a socket on both sides
 
@@ -55,9 +56,11 @@ for r in $(seq 1 "$ROUNDS"); do
     THROTTLE_TENANT_RATE=$BIG THROTTLE_TENANT_BURST=$BIG THROTTLE_USER_RATE=$BIG THROTTLE_USER_BURST=$BIG \
     THROTTLE_IP_RATE=$BIG THROTTLE_IP_BURST=$BIG \
     MAX_CONNECTIONS=12000 STREAM_MAX=11000 STREAM_MAX_PER_TENANT=1000 ${API_ENV:-}
-  probe "$PORT" "$WORK/health-$r.txt" &
+  probe "$PORT" /health "$WORK/health-$r.txt" &
   PROBERS=$!
-  probe "$((PORT + 1))" "$WORK/ops-health-$r.txt" &
+  probe "$((PORT + 1))" /health "$WORK/ops-health-$r.txt" &
+  PROBERS="$PROBERS $!"
+  probe "$((PORT + 1))" /ready "$WORK/ops-ready-$r.txt" &
   PROBERS="$PROBERS $!"
   overflows=$(listen_overflows)
   "$BIN/loadlab" streams --base "http://127.0.0.1:$PORT" --tokens "$WORK/tokens.jsonl" --streams "$STREAMS" \
@@ -66,8 +69,9 @@ for r in $(seq 1 "$ROUNDS"); do
   kill $PROBERS 2>/dev/null || true; wait $PROBERS 2>/dev/null || true; PROBERS=
   jq -r --arg r "$r" '"storm \($r): \(.opened) of \(.streams) open in \(.all_open_seconds * 10 | round / 10) s; opening p50 \(.open.p50_ms / 100 | round / 10) s, p99 \(.open.p99_ms / 100 | round / 10) s; refused at opening \(.refused); errors \(.errors)"' "$WORK/storm-$r.json"
   jq -r --arg r "$r" --arg o "$overflows" '"storm \($r): connect p99 \(.connect.p99_ms / 100 | round / 10) s (\($o) SYNs dropped from a full listen queue); admitted p50 \(.admitted.p50_ms * 10 | round / 10) ms, p99 \(.admitted.p99_ms * 10 | round / 10) ms"' "$WORK/storm-$r.json"
-  health_line "$r" public "$WORK/health-$r.txt"
-  health_line "$r" ops "$WORK/ops-health-$r.txt"
+  health_line "$r" "/health on the public listener" "$WORK/health-$r.txt"
+  health_line "$r" "/health on the ops listener" "$WORK/ops-health-$r.txt"
+  health_line "$r" "/ready on the ops listener" "$WORK/ops-ready-$r.txt"
   stop_api "storm-$r"
   [ "$r" = "$ROUNDS" ] || sleep 15
 done
