@@ -263,6 +263,32 @@ async fn one_tenant_flooding_does_not_refuse_the_others() {
     assert!(heavy_ok > 0, "the flooding tenant still gets the rest");
 }
 
+/// Capacity halves while one tenant floods: the controller lowers the limit below what is in
+/// flight, almost all of it the flooding tenant's. The light tenants, first in every queue, must
+/// see no refusal through the drop (the flood test above holds the capacity steady).
+#[tokio::test(start_paused = true)]
+async fn when_capacity_halves_under_a_flood_the_light_tenants_are_not_refused() {
+    let run = Run::new(AdmissionConfig::default());
+    let mut traffic = vec![Traffic { rate: 10.0 * 400.0, tenant: Some(0) }];
+    for t in 1..=9 {
+        // 0.18x of the first capacity together, 0.36x of the halved one.
+        traffic.push(Traffic { rate: 0.02 * 400.0, tenant: Some(t) });
+    }
+    run.offer(&traffic, 3.0, 13).await;
+    run.sim.set_workers(2);
+    run.offer(&traffic, 5.0, 17).await;
+    run.finish().await;
+    let records = run.records(2.0);
+    let light: Vec<&Record> = records.iter().filter(|r| r.tenant != Some(0)).collect();
+    assert!(light.len() > 350, "{}", light.len());
+    let why: Vec<String> = light
+        .iter()
+        .filter(|r| r.status != 200)
+        .map(|r| format!("{:?}@{:.2}s/{:?}", r.reason, (r.sent - run.t0).as_secs_f64(), r.latency))
+        .collect();
+    assert!(why.is_empty(), "{} of {} light-tenant requests refused: {why:?}", why.len(), light.len());
+}
+
 /// The measurement behind the default algorithm (docs/ADMISSION.md). Run with
 /// `cargo test -p breakwater-admission --test simulation -- --ignored --nocapture`.
 #[tokio::test(start_paused = true)]
