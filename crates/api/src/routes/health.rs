@@ -11,10 +11,9 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use crate::ops_listener::OpsState;
-use crate::state::AppState;
 
-/// `/health`: on the public listener and the ops listener.
-pub(crate) fn router() -> Router<AppState> {
+/// `/health`: on the public listener and the ops listener (it reads no state, so either's).
+pub(crate) fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new().route("/health", get(health))
 }
 

@@ -31,20 +31,12 @@ pub(crate) fn router(state: &AppState) -> Router<AppState> {
 /// runtime. Never routed from the internet (docs/OPERATIONS.md).
 pub(crate) fn ops_router() -> Router<OpsState> {
     use axum::extract::State;
-    use axum::routing::get;
-    Router::new()
-        .route("/health", get(health::health))
-        .merge(health::ready_router())
-        .route(
-            "/v1/ops/status",
-            get(|State(s): State<OpsState>| async move { s.on_requests(ops::status(State(s.app.clone()))).await }),
-        )
-        .route(
-            "/metrics",
-            get(|State(s): State<OpsState>| async move {
-                s.on_requests(crate::metrics::scrape(State(s.app.clone()))).await
-            }),
-        )
+    Router::new().merge(health::router()).merge(health::ready_router()).merge(ops::router()).route(
+        "/metrics",
+        axum::routing::get(|State(s): State<OpsState>| async move {
+            s.on_requests(crate::metrics::scrape(State(s.app.clone()))).await
+        }),
+    )
 }
 
 /// Parses the `limit` query parameter into a page size.

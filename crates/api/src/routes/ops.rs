@@ -2,11 +2,21 @@
 //! live value. Publishing these is what lets an operator (or a customer) see which layer is the
 //! bottleneck without guessing.
 
-use axum::Json;
 use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
 use serde::Serialize;
 
+use crate::ops_listener::OpsState;
 use crate::state::AppState;
+
+/// On the ops listener; it reads the request pool, so it runs on the request runtime.
+pub(crate) fn router() -> Router<OpsState> {
+    Router::new().route(
+        "/v1/ops/status",
+        get(|State(s): State<OpsState>| async move { s.on_requests(status(State(s.app.clone()))).await }),
+    )
+}
 
 /// The whole picture.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
