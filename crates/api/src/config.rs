@@ -261,6 +261,15 @@ pub struct Config {
     /// task's CPU can accept and refuse with room to spare for the connections already open.
     #[arg(long, env = "MAX_ACCEPT_RATE", default_value_t = 0)]
     pub max_accept_rate: u32,
+    /// Most connections accepted and not answered once yet (`0`: no limit). While that many
+    /// are, a new connection's first request is answered 503 `load_shed` at once without running
+    /// the app (a probe's is served), and the connection is kept for the client's next attempt;
+    /// its `Retry-After` (1 to 5 s) spreads the refused clients over the time the backlog takes
+    /// to serve. A reconnection storm is then refused at once instead of queueing inside the
+    /// process. A connection stops counting at its first response, its end, or a second after
+    /// its accept.
+    #[arg(long, env = "MAX_UNANSWERED_CONNECTIONS", default_value_t = 0)]
+    pub max_unanswered_connections: usize,
     /// The listen socket's backlog: connections the kernel holds before the accept loop takes
     /// them (capped by `net.core.somaxconn`). Short, so a flood is refused, not queued.
     #[arg(long, env = "LISTEN_BACKLOG", default_value_t = 1024)]

@@ -1,6 +1,7 @@
 //! Connection handling: keep-alive outlives the header timeout, slow headers are cut off,
 //! shutdown drains in-flight requests with readiness off first, and the edge sheds connections
-//! past the cap (canned 503, health still served, reset when refusals saturate, or the backlog).
+//! past the cap (canned 503, health still served, reset when refusals saturate, or the backlog)
+//! and refuse a new connection's first request while too many are unanswered.
 
 mod common;
 
@@ -282,4 +283,70 @@ async fn past_the_accept_rate_new_connections_wait_and_are_then_served(pool: PgP
     assert_eq!(connections["accept_rate"]["rate_per_sec"], 20.0);
     assert_eq!(connections["accept_rate"]["burst"], 16);
     assert!(connections["accept_paced"].as_u64().is_some_and(|n| n > 0), "{connections}");
+}
+
+/// Sends `request` on `conn` and reads one (small) response.
+async fn ask(conn: &mut TcpStream, request: &[u8]) -> String {
+    conn.write_all(request).await.expect("send");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answered").expect("read");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Waits up to 5 s for `done`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn past_the_unanswered_cap_a_new_connection_is_refused_once_then_served_on_the_same_connection(pool: PgPool) {
+    let app = common::spawn_with(pool, &["--max-unanswered-connections", "1", "--header-read-timeout-secs", "1"]).await;
+    let addr = app.running.addr;
+    let connections = &app.running.state.connections;
+
+    // A connection that has sent nothing yet is unanswered.
+    let silent = TcpStream::connect(addr).await.expect("connect");
+    eventually("the silent connection counted", || connections.unanswered() == 1).await;
+
+    // The next connection's first request is refused at once, with the envelope and a
+    // Retry-After, and its connection kept...
+    let mut behind = TcpStream::connect(addr).await.expect("connect");
+    let started = Instant::now();
+    let refused = ask(&mut behind, INBOX).await;
+    assert!(started.elapsed() < Duration::from_secs(1), "refusal took {:?}", started.elapsed());
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    let lower = refused.to_ascii_lowercase();
+    assert!(lower.contains("retry-after: 1\r\n") && !lower.contains("connection: close"), "{refused}");
+    let body: serde_json::Value =
+        serde_json::from_str(refused.split("\r\n\r\n").nth(1).expect("a body")).expect("a JSON envelope");
+    assert_eq!(body["error"]["code"], "load_shed");
+    assert_eq!(body["error"]["recovery"]["retry_after_seconds"], 1);
+    // ...so the client's next attempt on it, after its Retry-After (longer than the header-read
+    // timeout, which the refused request must have stopped), reaches the app (401: no token).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let next = ask(&mut behind, INBOX).await;
+    assert!(next.starts_with("HTTP/1.1 401 "), "{next}");
+    assert_eq!(connections.refused_behind(), 1);
+
+    // A probe on a new connection is served, even behind.
+    let mut probe = TcpStream::connect(addr).await.expect("connect");
+    let health = get_health(&mut probe).await.expect("health");
+    assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+    assert_eq!(connections.refused_behind(), 1);
+
+    // The silent connection stops counting after a second: a new connection is served at once.
+    eventually("the silent connection released", || connections.unanswered() == 0).await;
+    let mut later = TcpStream::connect(addr).await.expect("connect");
+    let served = ask(&mut later, INBOX).await;
+    assert!(served.starts_with("HTTP/1.1 401 "), "{served}");
+
+    let status = app.ops("/v1/ops/status").await;
+    let published = &status.body["layers"]["connections"];
+    assert_eq!(published["max_unanswered"], 1);
+    assert_eq!(published["refused_behind"], 1);
+    drop(silent);
 }

@@ -100,6 +100,12 @@ pub(crate) struct Connections {
     accept_rate: Option<crate::throttle::gcra::Limit>,
     /// Times the accept loop paused for `accept_rate`, since start.
     accept_paced: u64,
+    /// Connections accepted and not answered once yet.
+    unanswered: usize,
+    /// Unanswered connections past which a new one's first request is refused; 0: no cap.
+    max_unanswered: usize,
+    /// First requests refused because `max_unanswered` connections were unanswered, since start.
+    refused_behind: u64,
     /// The listen socket's backlog as configured (the kernel caps it at `net.core.somaxconn`).
     listen_backlog: u32,
     /// Idle keep-alive timeout, seconds (longer than the load balancer's).
@@ -192,6 +198,9 @@ pub(crate) async fn status(State(state): State<AppState>) -> Json<OpsStatus> {
                 served_over_cap: state.connections.served_over_cap(),
                 accept_rate: state.connections.accept_rate(),
                 accept_paced: state.connections.paced(),
+                unanswered: state.connections.unanswered(),
+                max_unanswered: state.connections.max_unanswered(),
+                refused_behind: state.connections.refused_behind(),
                 listen_backlog: cfg.listen_backlog,
                 keep_alive_timeout_seconds: cfg.keep_alive_timeout_secs,
                 header_read_timeout_seconds: cfg.header_read_timeout_secs,

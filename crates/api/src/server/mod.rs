@@ -16,6 +16,11 @@
 //!   this is what keeps a connection flood from spending the whole quota on accepting and
 //!   refusing, which starves the connections already open (the load balancer's health checks
 //!   among them);
+//! - optionally, at most `MAX_UNANSWERED_CONNECTIONS` accepted and not answered once yet: past
+//!   it a new connection's first request is answered a `503 load_shed` at once (a probe's is
+//!   served) and the connection kept for the next attempt, with a `Retry-After` that spreads
+//!   the refused clients over the seconds the backlog takes (`behind.rs`). A reconnection storm
+//!   is then refused at once instead of queueing in the process's run queue;
 //! - a header-read timeout from a request's first byte to its last header (slowloris: a client
 //!   trickling headers is cut off);
 //! - an idle keep-alive timeout longer than the load balancer's (an ALB idles out at 60 s; a
@@ -23,6 +28,7 @@
 //! - on shutdown, every connection is told to finish its in-flight request and close, and the
 //!   server waits for them up to the grace period.
 
+mod behind;
 mod shed;
 mod timeouts;
 
@@ -45,6 +51,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::throttle::gcra::{self, Limit};
+use behind::{Backlog, RefuseFirst, RetrySlots, UNANSWERED_AT_MOST, Unanswered};
 use timeouts::{ConnTrack, InFlight, TrackedIo};
 
 /// Which of the process's connections a request came on (in its extensions): the refusal pacer
@@ -80,6 +87,10 @@ pub struct Connections {
     accept_rate: Option<Limit>,
     paced: AtomicU64,
     write_stalls: AtomicU64,
+    /// Most connections accepted and not answered once yet; `0`: no limit.
+    max_unanswered: usize,
+    backlog: Arc<Backlog>,
+    refused_behind: Arc<AtomicU64>,
 }
 
 impl Connections {
@@ -99,7 +110,38 @@ impl Connections {
             accept_rate: None,
             paced: AtomicU64::new(0),
             write_stalls: AtomicU64::new(0),
+            max_unanswered: 0,
+            backlog: Arc::new(Backlog::new()),
+            refused_behind: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// While `max` connections accepted before it have not been answered once, a new
+    /// connection's first request is answered `503 load_shed` at once (a probe's is served), and
+    /// the connection kept for the client's next attempt. `0` means no limit.
+    #[must_use]
+    pub fn with_max_unanswered(mut self, max: usize) -> Self {
+        self.max_unanswered = max;
+        self
+    }
+
+    /// Connections accepted and not answered once yet.
+    #[must_use]
+    pub fn unanswered(&self) -> usize {
+        self.backlog.count()
+    }
+
+    /// The cap on unanswered connections (`0`: none).
+    #[must_use]
+    pub fn max_unanswered(&self) -> usize {
+        self.max_unanswered
+    }
+
+    /// First requests answered `503 load_shed` because their connection came while
+    /// `max_unanswered` were unanswered, since start.
+    #[must_use]
+    pub fn refused_behind(&self) -> u64 {
+        self.refused_behind.load(Ordering::Relaxed)
     }
 
     /// Accepts at most `per_sec` new connections a second, in bursts of up to a tenth of a
@@ -233,6 +275,7 @@ where
     });
     let (connections, shutdown, tracker) = (&edge.connections, &edge.shutdown, &edge.tracker);
     let mut pacer = connections.accept_rate.map(Pacer::new);
+    let mut slots = RetrySlots::new();
 
     loop {
         if let Some(pacer) = pacer.as_mut()
@@ -268,15 +311,19 @@ where
             },
             () = shutdown.cancelled() => break,
         };
+        let behind = connections.max_unanswered > 0 && connections.backlog.count() >= connections.max_unanswered;
+        let refuse_with =
+            if behind { slots.take(Instant::now(), &connections.backlog, connections.max_unanswered) } else { 0 };
         let Ok(permit) = reserved.map_or_else(|| connections.permits.clone().try_acquire_owned(), Ok) else {
             Edge::shed(&edge, stream, peer);
             continue;
         };
         let _ = stream.set_nodelay(true);
         connections.open.fetch_add(1, Ordering::Relaxed);
+        let unanswered = (connections.max_unanswered > 0 && !behind).then(|| Unanswered::count(&connections.backlog));
         let task = edge.clone();
         tracker.spawn(async move {
-            task.serve_connection(&task.keep_alive, stream, peer).await;
+            task.serve_connection(&task.keep_alive, stream, peer, unanswered, refuse_with).await;
             task.connections.open.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
@@ -359,31 +406,62 @@ struct Edge<S> {
 }
 
 impl<S: HttpService> Edge<S> {
-    async fn serve_connection(&self, builder: &auto::Builder<TokioExecutor>, stream: TcpStream, peer: SocketAddr) {
+    async fn serve_connection(
+        &self,
+        builder: &auto::Builder<TokioExecutor>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        unanswered: Option<Arc<Unanswered>>,
+        refuse_with: u32,
+    ) {
         let header_read_timeout = self.options.header_read_timeout;
         let track = Arc::new(ConnTrack::new());
         let io = TokioIo::new(TrackedIo { inner: stream, track: track.clone() });
         let on_request = track.clone();
         let connection = ConnectionId(NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
-        let app = self.app.clone();
-        let service = TowerToHyperService::new(app.map_request(move |mut req: Request<hyper::body::Incoming>| {
-            // Off under the default filter. The reliability suite turns it on to tell a request
-            // the server read from one it never saw (the keep-alive close race).
-            tracing::debug!(
-                target: REQUEST_READ,
-                request_id = req.headers().get(&crate::REQUEST_ID).and_then(|v| v.to_str().ok()),
-                "request read"
-            );
-            req.extensions_mut().insert(ConnectInfo(peer));
-            req.extensions_mut().insert(connection);
-            req.extensions_mut().insert(InFlight::start(&on_request));
-            req.map(Body::new)
-        }));
+        // A connection accepted behind has its first request refused inside the request-read
+        // hook, so the request counts as read (the header-read timeout stops) like any other.
+        let app = RefuseFirst {
+            inner: self.app.clone(),
+            refuse_with: Arc::new(std::sync::atomic::AtomicU32::new(refuse_with)),
+            refused: self.connections.refused_behind.clone(),
+        };
+        let first_answer = unanswered.clone();
+        let service = app
+            .map_request(move |mut req: Request<hyper::body::Incoming>| {
+                // Off under the default filter. The reliability suite turns it on to tell a
+                // request the server read from one it never saw (the keep-alive close race).
+                tracing::debug!(
+                    target: REQUEST_READ,
+                    request_id = req.headers().get(&crate::REQUEST_ID).and_then(|v| v.to_str().ok()),
+                    "request read"
+                );
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req.extensions_mut().insert(connection);
+                req.extensions_mut().insert(InFlight::start(&on_request));
+                req.map(Body::new)
+            })
+            .map_response(move |response| {
+                if let Some(u) = &first_answer {
+                    u.answered();
+                }
+                response
+            });
+        let service = TowerToHyperService::new(service);
         let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let mut closing = false;
+        let counted_until = tokio::time::sleep(UNANSWERED_AT_MOST);
+        tokio::pin!(counted_until);
+        let mut counting = unanswered.is_some();
         loop {
             tokio::select! {
+                () = counted_until.as_mut(), if counting => {
+                    counting = false;
+                    if let Some(u) = &unanswered {
+                        u.release();
+                    }
+                }
                 result = conn.as_mut() => {
                     if let Err(err) = result {
                         tracing::debug!(error = %err, %peer, "connection ended with an error");
@@ -429,6 +507,22 @@ impl crate::figures::Publish for Connections {
         )
         .emf("ConnectionsRefused", Unit::Count, Lines::Task)
         .ops("reset");
+        out.gauge("connections_unanswered", "Connections accepted and not answered once yet", self.unanswered())
+            .no_emf(NOT_ALARMED)
+            .ops("unanswered");
+        out.setting(
+            "connections_max_unanswered",
+            "Unanswered connections past which a new one's first request is refused (0: no cap)",
+            self.max_unanswered(),
+        )
+        .ops("max_unanswered");
+        out.counter(
+            "connections_refused_behind",
+            "First requests answered 503 load_shed because MAX_UNANSWERED_CONNECTIONS were unanswered",
+            self.refused_behind(),
+        )
+        .emf("ConnectionsRefused", Unit::Count, Lines::Task)
+        .ops("refused_behind");
         out.counter("connections_accept_paced", "Times the accept loop paused for MAX_ACCEPT_RATE", self.paced())
             .no_emf(NOT_ALARMED)
             .ops("accept_paced");

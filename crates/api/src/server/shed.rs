@@ -50,7 +50,7 @@ impl<S: HttpService> Edge<S> {
         edge.tracker.spawn(async move {
             if asks_for_bypass_path(&stream).await {
                 task.connections.served_over_cap.fetch_add(1, Ordering::Relaxed);
-                task.serve_connection(&task.single_request, stream, peer).await;
+                task.serve_connection(&task.single_request, stream, peer, None, 0).await;
             } else {
                 task.connections.refused.fetch_add(1, Ordering::Relaxed);
                 refuse(stream).await;
