@@ -6,7 +6,8 @@
 //! second (0: all at once, a reconnect storm); a refused one tries again after its `Retry-After`
 //! with jitter, as a reconnecting client does. While they are open, writers post messages at
 //! `writes_per_sec` into one conversation per tenant. The report gives:
-//! - how many opened, how long each took to its first frame, and how many were refused by status;
+//! - how many opened, how long each took to its first frame, and how many were refused by status
+//!   and by the envelope's code, with the longest `Retry-After` each code gave;
 //! - every event received, and the events lost: an unfiltered stream sees each of its tenant's
 //!   events, whose ids run 1, 2, 3..., so a gap between two ids a stream received is an event it
 //!   missed, and an id it saw twice a duplicate;
@@ -55,6 +56,9 @@ pub struct StreamsReport {
     /// Refusals at opening, by status (429 `stream_limit`, 503 `streams_full`, admission's
     /// 503...); a refused stream tries again after its `Retry-After` with jitter.
     pub refused: BTreeMap<u16, u64>,
+    /// The same refusals by the envelope's `code` (`-` without one), each with the longest
+    /// `Retry-After` it gave: which refusal kept a stream waiting longest.
+    pub refusal_codes: BTreeMap<String, RefusalCode>,
     /// Streams that could not be opened at all (connection errors), by kind.
     pub errors: BTreeMap<String, u64>,
     /// From the start of the opening to the last stream's first frame, seconds.
@@ -81,6 +85,14 @@ pub struct StreamsReport {
     pub event_latency: Pcts,
 }
 
+/// Refusals with one envelope code.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RefusalCode {
+    pub count: u64,
+    /// The longest `Retry-After` among them, seconds (0: none had one).
+    pub longest_retry_after_seconds: u64,
+}
+
 #[derive(Debug, Default)]
 struct Tally {
     opened: AtomicU64,
@@ -98,6 +110,7 @@ struct Tally {
 struct Shared {
     tally: Tally,
     refused: Mutex<BTreeMap<u16, u64>>,
+    refusal_codes: Mutex<BTreeMap<String, RefusalCode>>,
     errors: Mutex<BTreeMap<String, u64>>,
     open: Mutex<Hist>,
     connect: Mutex<Hist>,
@@ -171,6 +184,7 @@ pub async fn run(config: &StreamsConfig, tokens: &Tokens) -> anyhow::Result<Stre
         streams: config.streams,
         opened: get(&t.opened),
         refused: shared.refused.lock().await.clone(),
+        refusal_codes: shared.refusal_codes.lock().await.clone(),
         errors: shared.errors.lock().await.clone(),
         all_open_seconds,
         open: shared.open.lock().await.summary(),
@@ -320,7 +334,17 @@ async fn open(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         // Its body is the envelope, read so the connection can carry the next attempt.
-        let _ = response.into_body().collect().await;
+        let body = response.into_body().collect().await.map(http_body_util::Collected::to_bytes).unwrap_or_default();
+        let code = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "-".to_owned());
+        {
+            let mut codes = shared.refusal_codes.lock().await;
+            let tally = codes.entry(code).or_default();
+            tally.count += 1;
+            tally.longest_retry_after_seconds = tally.longest_retry_after_seconds.max(seconds.unwrap_or(0));
+        }
         *connection = Some(sender);
         // No Retry-After: a refusal that is not to be retried (401, 403, 400).
         return seconds.map_or(Opened::Done, |s| Opened::Refused(Duration::from_secs(s.max(1))));

@@ -5,7 +5,8 @@
 # at REDIS_URL), their limits out of the way so that only admission and the edge refuse,
 # `LISTEN_BACKLOG` at its default. Per storm:
 # - the time until every stream was open (goal 30 s), the opening's p50 / p99 from the first
-#   attempt, the refusals at opening;
+#   attempt, the refusals at opening (by status, and by code with the longest Retry-After each
+#   gave);
 # - where an opening's time went: the TCP connect's p99 (a wait in the listen queue, or a SYN
 #   the kernel dropped and the client sent again a second or more later) and the admitted
 #   request's p50 / p99 (sent on an open connection, to the stream's first frame; goal 200 ms);
@@ -68,6 +69,7 @@ for r in $(seq 1 "$ROUNDS"); do
   overflows=$(($(listen_overflows) - overflows))
   kill $PROBERS 2>/dev/null || true; wait $PROBERS 2>/dev/null || true; PROBERS=
   jq -r --arg r "$r" '"storm \($r): \(.opened) of \(.streams) open in \(.all_open_seconds * 10 | round / 10) s; opening p50 \(.open.p50_ms / 100 | round / 10) s, p99 \(.open.p99_ms / 100 | round / 10) s; refused at opening \(.refused); errors \(.errors)"' "$WORK/storm-$r.json"
+  jq -r --arg r "$r" '"storm \($r): refusals by code: \(.refusal_codes | to_entries | map("\(.key) \(.value.count) (longest Retry-After \(.value.longest_retry_after_seconds) s)") | join(", "))"' "$WORK/storm-$r.json"
   jq -r --arg r "$r" --arg o "$overflows" '"storm \($r): connect p99 \(.connect.p99_ms / 100 | round / 10) s (\($o) SYNs dropped from a full listen queue); admitted p50 \(.admitted.p50_ms * 10 | round / 10) ms, p99 \(.admitted.p99_ms * 10 | round / 10) ms"' "$WORK/storm-$r.json"
   health_line "$r" "/health on the public listener" "$WORK/health-$r.txt"
   health_line "$r" "/health on the ops listener" "$WORK/ops-health-$r.txt"
