@@ -311,13 +311,13 @@ where
             },
             () = shutdown.cancelled() => break,
         };
-        let behind = connections.max_unanswered > 0 && connections.backlog.count() >= connections.max_unanswered;
-        let refuse_with =
-            if behind { slots.take(Instant::now(), &connections.backlog, connections.max_unanswered) } else { 0 };
         let Ok(permit) = reserved.map_or_else(|| connections.permits.clone().try_acquire_owned(), Ok) else {
             Edge::shed(&edge, stream, peer);
             continue;
         };
+        let behind = connections.max_unanswered > 0 && connections.backlog.count() >= connections.max_unanswered;
+        let refuse_with =
+            if behind { slots.take(Instant::now(), &connections.backlog, connections.max_unanswered) } else { 0 };
         let _ = stream.set_nodelay(true);
         connections.open.fetch_add(1, Ordering::Relaxed);
         let unanswered = (connections.max_unanswered > 0 && !behind).then(|| Unanswered::count(&connections.backlog));
