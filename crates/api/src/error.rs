@@ -183,12 +183,19 @@ pub struct ErrorBody {
 pub fn render_refusal(refusal: &Refusal) -> http::Response<Bytes> {
     let code = ErrorCode::of_refusal(refusal.reason);
     let envelope = ErrorEnvelope::new(code, refusal.message(), Some(u64::from(refusal.retry_after_seconds)));
+    unavailable(&envelope, refusal.retry_after_header())
+}
+
+/// A 503 carrying `envelope`, with `retry_after` (the envelope's own seconds, as a header): the
+/// one shape of a refusal written before the app runs (admission's, the unanswered cap's).
+#[must_use]
+pub fn unavailable(envelope: &ErrorEnvelope, retry_after: HeaderValue) -> http::Response<Bytes> {
     let mut res = http::Response::new(envelope.to_bytes());
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let headers = res.headers_mut();
     headers.reserve(2);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(header::RETRY_AFTER, refusal.retry_after_header());
+    headers.insert(header::RETRY_AFTER, retry_after);
     res
 }
 

@@ -8,6 +8,11 @@
 //! the counted connections are being answered (the cap over their mean time to a first answer),
 //! so the refused clients come back spread over the seconds the backlog takes to serve instead
 //! of together.
+//!
+//! Against a hostile client: a silent connection holds its place for a second at most, so a
+//! client opening the cap's worth of silent connections every second keeps other new
+//! connections' first requests refused; each of their retries, on the same connection, is
+//! served. The accept rate and `MAX_CONNECTIONS` still bound what such a client can open.
 
 use std::future::Ready;
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use axum::http::{HeaderValue, Method, Request, Response};
 use futures_util::future::Either;
 
 use crate::admission::BYPASS;
@@ -163,15 +168,9 @@ where
 }
 
 fn refusal(retry_after: u32) -> Response<Body> {
-    let body =
-        ErrorEnvelope::new(ErrorCode::LoadShed, "behind on new connections".to_owned(), Some(retry_after.into()))
-            .to_bytes();
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-    response
+    let envelope =
+        ErrorEnvelope::new(ErrorCode::LoadShed, "behind on new connections".to_owned(), Some(retry_after.into()));
+    crate::error::unavailable(&envelope, HeaderValue::from(retry_after)).map(Body::from)
 }
 
 #[cfg(test)]
