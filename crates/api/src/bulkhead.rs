@@ -99,7 +99,7 @@ impl Drop for Held {
 
 /// Middleware: run the handler holding a slot, or refuse with `db_saturated`.
 pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
-    let bulkhead = state.bulkhead;
+    let bulkhead = state.bulkhead.clone();
     let permit = match bulkhead.slots.clone().try_acquire_owned() {
         Ok(p) => p,
         Err(_) => {

@@ -1,5 +1,6 @@
 //! The one cheaply cloneable state every handler receives.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -11,9 +12,23 @@ use crate::redis::RedisPool;
 use crate::server::Connections;
 use crate::throttle::Throttles;
 
-/// Pools, keys and configuration, shared by every request.
+/// Pools, keys and configuration, shared by every request: one `Arc` around [`Shared`], so the
+/// clone that each layer and handler takes per request (axum's `State`) is one reference count,
+/// not one per field.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+#[derive(Debug)]
+pub struct Shared {
     /// The PostgreSQL pool.
     pub pool: sqlx::PgPool,
     /// The Redis pool (throttles; optional at run time).
@@ -57,7 +72,7 @@ impl AppState {
     /// When the admission settings contradict each other.
     pub fn new(config: Config, pool: sqlx::PgPool, redis: RedisPool) -> anyhow::Result<Self> {
         let (admission, classes) = config.admission.build()?;
-        Ok(Self {
+        Ok(Self(Arc::new(Shared {
             admission,
             pacing: breakwater_admission::RetryPacing::new(config.pacing()),
             classes,
@@ -82,7 +97,7 @@ impl AppState {
             jwt: Arc::new(JwtKeys::with_policy(&config.jwt_secret, &config.token_policy())),
             config: Arc::new(config),
             shutting_down: Arc::new(AtomicBool::new(false)),
-        })
+        })))
     }
 
     /// Whether shutdown has begun.
