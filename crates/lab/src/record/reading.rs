@@ -183,6 +183,21 @@ fn series<'a>(s: &'a StepReport, key: &str) -> Option<&'a breakwater_loadlab::re
     s.server.get(key)
 }
 
+/// Admission's limit over the step, summed over the route classes that had a request in flight
+/// in it: a class the step never used (the event streams' in every lab step, the lists' in a
+/// step of writes) would add its idle limit and hide a limit the step did reach. A step with no
+/// per-class figures falls back to the process's sum (`layers.capacity.limit`).
+fn busy_limit(server: &BTreeMap<String, breakwater_loadlab::report::SeriesSummary>) -> Option<f64> {
+    let mut sum = None;
+    for i in 0.. {
+        let Some(limit) = server.get(&format!("layers.capacity.classes.{i}.limit")) else { break };
+        if server.get(&format!("layers.capacity.classes.{i}.in_flight")).is_some_and(|f| f.max > 0.0) {
+            *sum.get_or_insert(0.0) += limit.mean;
+        }
+    }
+    sum.or_else(|| server.get("layers.capacity.limit").map(|x| x.mean))
+}
+
 /// The rows of a run: each step with the samples of its window (what saturated is filled in by
 /// [`recompute`]).
 pub(crate) fn rows(run: &PhaseRun, capacity: Option<f64>) -> Vec<Row> {
@@ -210,7 +225,7 @@ pub(crate) fn rows(run: &PhaseRun, capacity: Option<f64>) -> Vec<Row> {
             error_kinds: s.errors.by_kind.clone(),
             valid: s.audit.valid,
             invalid: s.audit.reasons.clone(),
-            limit_mean: series(s, "layers.capacity.limit").map(|x| x.mean),
+            limit_mean: busy_limit(&s.server),
             in_flight_mean: series(s, "layers.capacity.in_flight").map(|x| x.mean),
             pool_waiting_mean: series(s, "layers.bulkhead.waiting").map(|x| x.mean),
             rss_max_bytes: series(s, "proc.rss_bytes").map(|x| x.max),
@@ -322,13 +337,25 @@ pub(crate) fn saturated(r: &Row, api_cores: f64) -> Vec<String> {
 
 /// The capacity-change run: its three phases, the limit over time and the slowed window.
 pub(crate) fn change(run: &PhaseRun) -> Change {
+    // The limit of the classes the run used, as in the rows (`busy_limit`).
+    let class = |i: usize, what: &str| format!("layers.capacity.classes.{i}.{what}");
+    let classes = (0..).take_while(|&i| run.report.samples.iter().any(|s| s.values.contains_key(&class(i, "limit"))));
+    let busy: Vec<String> = classes
+        .filter(|&i| run.report.samples.iter().any(|s| s.values.get(&class(i, "in_flight")).is_some_and(|f| *f > 0.0)))
+        .map(|i| class(i, "limit"))
+        .collect();
     let timeline = run
         .report
         .samples
         .iter()
         .filter_map(|s| {
             let in_flight = *s.values.get("layers.capacity.in_flight")?;
-            Some((s.t_s, s.values.get("layers.capacity.limit").copied(), in_flight))
+            let limit = if busy.is_empty() {
+                s.values.get("layers.capacity.limit").copied()
+            } else {
+                busy.iter().map(|k| s.values.get(k)).sum::<Option<f64>>()
+            };
+            Some((s.t_s, limit, in_flight))
         })
         .collect();
     let slowed: Vec<f64> = run.report.samples.iter().filter(|s| s.step == Some(1)).map(|s| s.t_s).collect();
@@ -384,6 +411,25 @@ mod tests {
         // 1 grew by 1 s, 2 exited, 3 grew by 0.5 s, 4 started and used 0.25 s.
         let b = BTreeMap::from([(1, 11.0), (3, 7.5), (4, 0.25)]);
         assert!((cpu_delta(&a, &b) - 1.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_limit_counts_only_the_classes_the_step_used() {
+        use breakwater_loadlab::report::SeriesSummary;
+        let at = |mean: f64, max: f64| SeriesSummary { mean, max, last: mean };
+        let server = BTreeMap::from([
+            ("layers.capacity.limit".to_owned(), at(72.0, 72.0)),
+            ("layers.capacity.classes.0.limit".to_owned(), at(40.0, 40.0)),
+            ("layers.capacity.classes.0.in_flight".to_owned(), at(36.0, 40.0)),
+            ("layers.capacity.classes.1.limit".to_owned(), at(22.0, 22.0)),
+            ("layers.capacity.classes.1.in_flight".to_owned(), at(0.5, 3.0)),
+            ("layers.capacity.classes.2.limit".to_owned(), at(10.0, 10.0)),
+            ("layers.capacity.classes.2.in_flight".to_owned(), at(0.0, 0.0)),
+        ]);
+        assert_eq!(busy_limit(&server), Some(62.0), "the idle third class is left out");
+        let old = BTreeMap::from([("layers.capacity.limit".to_owned(), at(72.0, 72.0))]);
+        assert_eq!(busy_limit(&old), Some(72.0), "without per-class figures, the process's sum");
+        assert_eq!(busy_limit(&BTreeMap::new()), None, "admission off");
     }
 
     #[test]

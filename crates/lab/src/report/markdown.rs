@@ -123,8 +123,10 @@ fn preamble(s: &mut String, lab: &LabRecord) {
          time (coordinated omission corrected). \"Saturated\" lists the evidence per step: the cgroup's \
          throttled periods (>= 50%), database pool waits, the edge's connection cap (connections refused or reset at accept), \
          PostgreSQL's CPU (all its processes, >= 0.75 core), the machine's CPU (>= 95% busy), the admission limit reached, an invalid load-generator \
-         step. \"Limit\" is admission's in-flight ceiling summed over its two classes (the inbox and \
-         contacts lists; everything else), so `static` shows 2 x 80.\n"
+         step. \"Limit\" is admission's in-flight ceiling summed over the route classes that had a \
+         request in flight in the step (the inbox and contacts lists, and everything else; the event \
+         streams' openings are idle in the lab; runs before 2026-12-05 summed every class), so `static` \
+         shows 80 per class counted.\n"
     );
 }
 
