@@ -111,7 +111,15 @@ pub struct ClassConfig {
     /// Longest a request may wait in the queue before `queue_timeout`. Default 100 ms, half the
     /// target, so a wait plus a normal service time still meets it.
     pub max_queue_wait: Duration,
+    /// The longest `Retry-After` a refusal of this class gives, in whole seconds from 1 to
+    /// [`LONGEST_RETRY_AFTER`] (the default). A class whose clients must all be back within a
+    /// bound (the API's event streams after a restart) sets it lower.
+    pub longest_retry_after: u32,
 }
+
+/// The longest `Retry-After` any refusal gives, in seconds: a sustained flood is told to back off
+/// for at most a minute.
+pub const LONGEST_RETRY_AFTER: u32 = 60;
 
 impl ClassConfig {
     /// A class with the default settings and the given name.
@@ -132,6 +140,7 @@ impl Default for ClassConfig {
             max_limit: 1000,
             queue_capacity: 32,
             max_queue_wait: Duration::from_millis(100),
+            longest_retry_after: LONGEST_RETRY_AFTER,
         }
     }
 }
@@ -226,6 +235,9 @@ impl AdmissionConfig {
             }
             if c.latency_target.is_zero() {
                 return bad("latency_target must be positive");
+            }
+            if !(1..=LONGEST_RETRY_AFTER).contains(&c.longest_retry_after) {
+                return bad("need 1 <= longest_retry_after <= 60");
             }
         }
         Ok(())

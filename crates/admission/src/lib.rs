@@ -45,7 +45,9 @@ mod snapshot;
 mod state;
 
 pub use body::{AdmissionBody, LongLived};
-pub use config::{AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, Mode, ParseError};
+pub use config::{
+    AdmissionConfig, Algorithm, ClassConfig, ClassId, ConfigError, LONGEST_RETRY_AFTER, Mode, ParseError,
+};
 pub use layer::{AdmissionLayer, AdmissionService, ResponseFuture, Route, client_timeout};
 pub use pacing::{
     PaceableRefusal, PacedFuture, PacingConfig, PacingSnapshot, RetryPacing, RetryPacingLayer, RetryPacingService,

@@ -8,7 +8,7 @@ use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::AdmissionBody;
-use crate::config::ClassId;
+use crate::config::{ClassId, LONGEST_RETRY_AFTER};
 
 /// Why a request was refused. Also put in the refusal's response extensions, so an outer layer
 /// (metrics, logs) can count refusals by reason without parsing the body.
@@ -167,8 +167,9 @@ fn push_int(s: &mut String, mut n: u64) {
     }
 }
 
-/// `Retry-After` values as static strings (it is clamped to 60), so rendering one allocates nothing.
-const SECONDS: [&str; 61] = [
+/// `Retry-After` values as static strings (it is clamped to [`LONGEST_RETRY_AFTER`]), so rendering
+/// one allocates nothing.
+const SECONDS: [&str; LONGEST_RETRY_AFTER as usize + 1] = [
     "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16", "17", "18", "19", "20",
     "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32", "33", "34", "35", "36", "37", "38", "39",
     "40", "41", "42", "43", "44", "45", "46", "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58",
@@ -177,12 +178,12 @@ const SECONDS: [&str; 61] = [
 
 /// `Retry-After` from how long the queue ahead takes to drain at the measured rate, scaled by the
 /// overload (offered / admitted in the last window), so that a 10x flood is told to back off
-/// longer than a burst. Whole seconds, 1..=60.
-pub(crate) fn retry_after(ahead: usize, drain_per_sec: f64, pressure: f64) -> u32 {
+/// longer than a burst. Whole seconds, from 1 to `longest` (a class's `longest_retry_after`).
+pub(crate) fn retry_after(ahead: usize, drain_per_sec: f64, pressure: f64, longest: u32) -> u32 {
     #[allow(clippy::cast_precision_loss)]
     let seconds = (ahead as f64 + 1.0) / drain_per_sec.max(0.1) * pressure.max(1.0);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let whole = seconds.ceil().clamp(1.0, 60.0) as u32;
+    let whole = seconds.ceil().clamp(1.0, f64::from(longest.clamp(1, LONGEST_RETRY_AFTER))) as u32;
     whole
 }
 
@@ -217,9 +218,16 @@ mod tests {
 
     #[test]
     fn retry_after_follows_drain_rate_and_pressure() {
-        assert_eq!(retry_after(15, 400.0, 1.0), 1);
-        assert_eq!(retry_after(15, 4.0, 1.0), 4);
-        assert_eq!(retry_after(15, 400.0, 100.0), 4);
-        assert_eq!(retry_after(15, 0.0, 1.0), 60);
+        assert_eq!(retry_after(15, 400.0, 1.0, 60), 1);
+        assert_eq!(retry_after(15, 4.0, 1.0, 60), 4);
+        assert_eq!(retry_after(15, 400.0, 100.0, 60), 4);
+        assert_eq!(retry_after(15, 0.0, 1.0, 60), 60);
+    }
+
+    #[test]
+    fn a_class_s_longest_retry_after_bounds_it() {
+        assert_eq!(retry_after(15, 0.0, 1.0, 5), 5, "a flood's minute is cut to the class's bound");
+        assert_eq!(retry_after(15, 4.0, 1.0, 5), 4, "under the bound it is the drain time");
+        assert_eq!(retry_after(0, 400.0, 1.0, 5), 1);
     }
 }

@@ -73,6 +73,8 @@ pub struct ClassSnapshot {
     pub baseline_ms: Option<f64>,
     /// Completions per second in the last controller window.
     pub throughput_per_sec: f64,
+    /// The longest `Retry-After` the class's refusals give, seconds.
+    pub longest_retry_after_seconds: u32,
 }
 
 /// Everything admission knows, for `/v1/ops/status` (serialize it) and `/metrics`.

@@ -4,7 +4,8 @@
 //! Route classes (docs/ADMISSION.md): health, readiness, metrics, ops and the OpenAPI document
 //! bypass admission entirely; the two expensive lists (the inbox and the contacts list) have
 //! their own limit and queue, so cheap reads (one conversation, a page of messages) and writes
-//! never wait behind them.
+//! never wait behind them; so do the event streams' openings, so that a reconnection storm is
+//! shed among its own and is told to come back within seconds, not the minute a flood is told.
 
 use std::time::Duration;
 
@@ -85,6 +86,8 @@ pub struct Classes {
     pub default: ClassId,
     /// The inbox and the contacts list.
     pub lists: ClassId,
+    /// Opening an event stream (`GET /v1/stream`).
+    pub streams: ClassId,
 }
 
 impl AdmissionSettings {
@@ -102,6 +105,7 @@ impl AdmissionSettings {
             min_limit: self.min_limit,
             max_limit: self.max_limit,
             initial_limit: ClassConfig::default().initial_limit.clamp(self.min_limit, self.max_limit),
+            longest_retry_after: breakwater_admission::LONGEST_RETRY_AFTER,
         };
         let mut config = AdmissionConfig {
             mode: self.mode,
@@ -110,9 +114,15 @@ impl AdmissionSettings {
             ..Default::default()
         };
         let lists = config.add_class(class("lists"));
+        // After a task's restart all its streams reconnect at once. Admission's `Retry-After`
+        // grows with the overload, up to a minute, which would keep some of them away past the
+        // 30 s they must be back in: a refused opening is told at most what the unanswered
+        // cap tells a refused connection.
+        let streams = config
+            .add_class(ClassConfig { longest_retry_after: crate::server::LONGEST_RETRY_AFTER, ..class("streams") });
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
         let admission = Admission::new(config).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
-        Ok((admission, Classes { default, lists }))
+        Ok((admission, Classes { default, lists, streams }))
     }
 }
 
@@ -129,6 +139,8 @@ pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + 
             Route::Bypass
         } else if req.method() == Method::GET && (path == "/v1/conversations" || path == "/v1/contacts") {
             Route::Class(classes.lists)
+        } else if req.method() == Method::GET && path == "/v1/stream" {
+            Route::Class(classes.streams)
         } else {
             Route::Class(classes.default)
         }
@@ -244,6 +256,7 @@ mod tests {
         // The counts read a few hundred counter rows: cheap, not a list.
         assert_eq!(c(&req(Method::GET, "/v1/conversations/counts")), Route::Class(classes.default));
         assert_eq!(c(&req(Method::POST, "/v1/conversations")), Route::Class(classes.default));
+        assert_eq!(c(&req(Method::GET, "/v1/stream?status=open")), Route::Class(classes.streams));
     }
 
     #[test]

@@ -264,7 +264,7 @@ pub struct Config {
     /// Most connections accepted and not answered once yet (`0`: no limit). While that many
     /// are, a new connection's first request is answered 503 `load_shed` at once without running
     /// the app (a probe's is served), and the connection is kept for the client's next attempt;
-    /// its `Retry-After` (1 to 5 s) spreads the refused clients over the time the backlog takes
+    /// its `Retry-After` (1 to 10 s) spreads the refused clients over the time the backlog takes
     /// to serve. A reconnection storm is then refused at once instead of queueing inside the
     /// process. A connection stops counting at its first response, its end, or a second after
     /// its accept.

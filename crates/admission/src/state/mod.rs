@@ -199,6 +199,7 @@ impl Admission {
                     },
                     baseline_ms: st.controller.baseline().map(|b| b * 1e3),
                     throughput_per_sec: st.throughput,
+                    longest_retry_after_seconds: class.config.longest_retry_after,
                 }
             })
             .collect();
@@ -361,7 +362,7 @@ impl ClassState {
         let mut r = self.refusal(class, cfg, RefusalReason::Deadline);
         r.wait_ms = secs_to_ms(wait);
         r.client_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        r.retry_after_seconds = retry_after(0, 1.0 / wait.max(1e-3), 1.0);
+        r.retry_after_seconds = retry_after(0, 1.0 / wait.max(1e-3), 1.0, cfg.longest_retry_after);
         r
     }
 
@@ -374,7 +375,12 @@ impl ClassState {
             limit: self.controller.limit(),
             queued,
             queue_capacity: cfg.queue_capacity,
-            retry_after_seconds: retry_after(queued, self.drain_rate_or_guess(cfg), self.pressure),
+            retry_after_seconds: retry_after(
+                queued,
+                self.drain_rate_or_guess(cfg),
+                self.pressure,
+                cfg.longest_retry_after,
+            ),
             wait_ms: 0,
             client_timeout_ms: 0,
         }

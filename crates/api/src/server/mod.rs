@@ -32,6 +32,8 @@ mod behind;
 mod shed;
 mod timeouts;
 
+pub(crate) use behind::LONGEST_RETRY_AFTER;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
