@@ -260,6 +260,16 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_stream_opening_is_told_at_most_the_unanswered_cap_s_longest_wait() {
+        let (admission, classes) = AdmissionSettings::default_for_tests().build().expect("builds");
+        let snapshot = admission.snapshot();
+        let longest = |id: ClassId| snapshot.classes[id.index()].longest_retry_after_seconds;
+        assert_eq!(longest(classes.streams), crate::server::LONGEST_RETRY_AFTER);
+        assert_eq!(longest(classes.default), breakwater_admission::LONGEST_RETRY_AFTER);
+        assert_eq!(longest(classes.lists), breakwater_admission::LONGEST_RETRY_AFTER);
+    }
+
+    #[test]
     fn the_key_is_the_verified_tenant_and_a_forged_claim_is_anonymous() {
         use crate::auth::{Claims, JwtKeys, verify_request};
         use axum::http::header::AUTHORIZATION;
