@@ -237,7 +237,7 @@ impl AdmissionConfig {
                 return bad("latency_target must be positive");
             }
             if !(1..=LONGEST_RETRY_AFTER).contains(&c.longest_retry_after) {
-                return bad("need 1 <= longest_retry_after <= 60");
+                return bad(&format!("need 1 <= longest_retry_after <= {LONGEST_RETRY_AFTER}"));
             }
         }
         Ok(())
@@ -277,6 +277,10 @@ mod tests {
         cfg.smoothing = 0.0;
         assert!(cfg.validate().is_err());
         cfg.smoothing = 0.5;
+        for (longest, ok) in [(0, false), (1, true), (LONGEST_RETRY_AFTER, true), (LONGEST_RETRY_AFTER + 1, false)] {
+            cfg.classes[0].longest_retry_after = longest;
+            assert_eq!(cfg.validate().is_ok(), ok, "longest_retry_after {longest}");
+        }
         cfg.classes[0].min_limit = 50;
         assert!(cfg.validate().is_err());
         cfg.classes.clear();

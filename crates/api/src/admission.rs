@@ -118,8 +118,10 @@ impl AdmissionSettings {
         // grows with the overload, up to a minute, which would keep some of them away past the
         // 30 s they must be back in: a refused opening is told at most what the unanswered
         // cap tells a refused connection.
-        let streams = config
-            .add_class(ClassConfig { longest_retry_after: crate::server::LONGEST_RETRY_AFTER, ..class("streams") });
+        let streams = config.add_class(ClassConfig {
+            longest_retry_after: crate::server::RECONNECT_LONGEST_RETRY_AFTER,
+            ..class("streams")
+        });
         let default = config.class_id("default").ok_or_else(|| anyhow::anyhow!("no default class"))?;
         let admission = Admission::new(config).map_err(|e| anyhow::anyhow!("admission settings: {e:?}"))?;
         Ok((admission, Classes { default, lists, streams }))
@@ -264,7 +266,7 @@ mod tests {
         let (admission, classes) = AdmissionSettings::default_for_tests().build().expect("builds");
         let snapshot = admission.snapshot();
         let longest = |id: ClassId| snapshot.classes[id.index()].longest_retry_after_seconds;
-        assert_eq!(longest(classes.streams), crate::server::LONGEST_RETRY_AFTER);
+        assert_eq!(longest(classes.streams), crate::server::RECONNECT_LONGEST_RETRY_AFTER);
         assert_eq!(longest(classes.default), breakwater_admission::LONGEST_RETRY_AFTER);
         assert_eq!(longest(classes.lists), breakwater_admission::LONGEST_RETRY_AFTER);
     }

@@ -31,14 +31,14 @@ use crate::error::{ErrorCode, ErrorEnvelope};
 /// (or trickles its headers) stops holding new connections back after this.
 pub(super) const UNANSWERED_AT_MOST: Duration = Duration::from_secs(1);
 
-/// The longest `Retry-After` handed out, seconds: a refused client comes back within about twice
-/// this (clients add up to as much again in jitter), on the same connection, where admission
-/// decides. Admission's `streams` class tells a refused opening at most the same
-/// (`crate::admission`). With both at 10 s, a 10,000-stream storm opened in 22 to 23 s with the
+/// The longest `Retry-After` a reconnecting client is told, seconds: the cap's slots here, and
+/// admission's `streams` class (`crate::admission`). A refused client comes back within about
+/// twice this (clients add up to as much again in jitter), on the same connection, where
+/// admission decides. With both at 10 s, a 10,000-stream storm opened in 22 to 23 s with the
 /// admitted opening's p99 at 167 to 591 ms (median 222); at 5 s, in 12 to 14 s with p99 283 to
 /// 875 ms (median 510): the refused come back closer together
 /// (docs/lab/history/2026-12-05-storm-unanswered-cap.md).
-pub(crate) const LONGEST_RETRY_AFTER: u32 = 10;
+pub(crate) const RECONNECT_LONGEST_RETRY_AFTER: u32 = 10;
 
 /// The time to a first answer assumed before any was measured.
 const FIRST_GUESS: Duration = Duration::from_millis(100);
@@ -126,13 +126,13 @@ impl RetrySlots {
     }
 
     /// The `Retry-After` of one more refused connection, whole seconds (1 to
-    /// [`LONGEST_RETRY_AFTER`]).
+    /// [`RECONNECT_LONGEST_RETRY_AFTER`]).
     pub(super) fn take(&mut self, now: Instant, backlog: &Backlog, cap: usize) -> u32 {
         let every = backlog.time_to_answer().div_f64(cap.max(1) as f64);
         self.next = self.next.max(now) + every;
         let wait = self.next.duration_since(now).as_secs_f64().ceil();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // clamped to a small range
-        let seconds = wait.clamp(1.0, f64::from(LONGEST_RETRY_AFTER)) as u32;
+        let seconds = wait.clamp(1.0, f64::from(RECONNECT_LONGEST_RETRY_AFTER)) as u32;
         seconds
     }
 }
@@ -190,13 +190,13 @@ mod tests {
         let mut slots = RetrySlots::new();
         let now = Instant::now();
         // A thousand slots a second, for three seconds past the longest wait.
-        let n = (LONGEST_RETRY_AFTER as usize + 3) * 1_000;
+        let n = (RECONNECT_LONGEST_RETRY_AFTER as usize + 3) * 1_000;
         let waits: Vec<u32> = (0..n).map(|_| slots.take(now, &backlog, 48)).collect();
         assert_eq!(waits[0], 1);
         assert_eq!(waits[990], 1, "the first second's worth waits one second");
         assert_eq!(waits[1_500], 2);
         assert_eq!(waits[3_500], 4);
-        assert_eq!(waits.last(), Some(&LONGEST_RETRY_AFTER), "capped");
+        assert_eq!(waits.last(), Some(&RECONNECT_LONGEST_RETRY_AFTER), "capped");
         // Once the slots handed out are in the past, the next refusal waits a second again.
         assert_eq!(slots.take(now + Duration::from_secs(n as u64 / 1_000 + 1), &backlog, 48), 1);
     }

@@ -32,7 +32,7 @@ mod behind;
 mod shed;
 mod timeouts;
 
-pub(crate) use behind::LONGEST_RETRY_AFTER;
+pub(crate) use behind::RECONNECT_LONGEST_RETRY_AFTER;
 
 use std::io;
 use std::net::SocketAddr;
