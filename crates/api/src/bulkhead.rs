@@ -84,13 +84,13 @@ impl Bulkhead {
 /// A slot while it is held. Dropping it frees the slot and counts the hold, also when the
 /// handler's future is dropped (the request timeout, a client gone), so the longest hold cannot
 /// miss the holds that end that way.
-struct Held {
+struct Held<'a> {
     _permit: OwnedSemaphorePermit,
     since: Instant,
-    bulkhead: Arc<Bulkhead>,
+    bulkhead: &'a Bulkhead,
 }
 
-impl Drop for Held {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         let us = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.bulkhead.longest_hold_us.fetch_max(us, Ordering::Relaxed);
@@ -99,7 +99,7 @@ impl Drop for Held {
 
 /// Middleware: run the handler holding a slot, or refuse with `db_saturated`.
 pub(crate) async fn hold_slot(State(state): State<AppState>, req: Request, next: Next) -> Response<Body> {
-    let bulkhead = state.bulkhead.clone();
+    let bulkhead = &*state.bulkhead;
     let permit = match bulkhead.slots.clone().try_acquire_owned() {
         Ok(p) => p,
         Err(_) => {
@@ -152,7 +152,7 @@ mod tests {
         let b = Arc::clone(&bulkhead);
         let handler = async move {
             let permit = b.slots.clone().acquire_owned().await.expect("a slot");
-            let _held = Held { _permit: permit, since: Instant::now(), bulkhead: Arc::clone(&b) };
+            let _held = Held { _permit: permit, since: Instant::now(), bulkhead: &b };
             std::future::pending::<()>().await;
         };
         // The timeout drops the handler's future while it holds the slot.
