@@ -141,7 +141,7 @@ pub fn classify<B>(classes: Classes) -> impl Fn(&Request<B>) -> Route + Clone + 
             Route::Bypass
         } else if req.method() == Method::GET && (path == "/v1/conversations" || path == "/v1/contacts") {
             Route::Class(classes.lists)
-        } else if req.method() == Method::GET && path == "/v1/stream" {
+        } else if req.method() == Method::GET && path == crate::routes::stream::PATH {
             Route::Class(classes.streams)
         } else {
             Route::Class(classes.default)

@@ -18,8 +18,12 @@ use crate::stream::{self, Filter, Refused, Resume, ResumePlan};
 /// The header a reconnecting client sends: the `id` of the last event it received.
 pub(crate) const LAST_EVENT_ID: &str = "last-event-id";
 
+/// The stream's path: the router serves it, admission's classifier gives it the `streams` class
+/// (`crate::admission`). (The OpenAPI attribute below needs it as a literal.)
+pub(crate) const PATH: &str = "/v1/stream";
+
 pub(crate) fn router() -> Router<AppState> {
-    Router::new().route("/v1/stream", get(open))
+    Router::new().route(PATH, get(open))
 }
 
 /// Query parameters of the stream: the inbox list's filters.
