@@ -92,9 +92,16 @@ pub(crate) async fn throttle(State(state): State<AppState>, mut req: Request, ne
     }
 }
 
+/// The whole seconds a refusal's `Retry-After` says for a bucket that admits again in
+/// `retry_after_us`: rounded up, and at least one (HTTP's delta-seconds cannot say less).
+#[must_use]
+pub(crate) fn told_retry_after(retry_after_us: i64) -> u64 {
+    ceil_secs(retry_after_us).max(1)
+}
+
 /// The 429 of a bucket that ran out: the envelope, `Retry-After` and the `RateLimit` headers.
 pub(crate) fn refused(kind: crate::throttle::KeyKind, limit: Limit, retry_after_us: i64) -> Response<Body> {
-    let retry_after = ceil_secs(retry_after_us).max(1);
+    let retry_after = told_retry_after(retry_after_us);
     let mut response = ApiError::RateLimited { kind: kind.as_str(), retry_after }.into_response();
     insert_rate_headers(response.headers_mut(), kind.as_str(), limit, 0, retry_after_us);
     response

@@ -206,6 +206,34 @@ async fn a_throttle_refusal_is_held_only_when_it_holds_nothing(pool: PgPool) {
     assert_eq!(status.body["layers"]["throttles"]["refused_ahead"], 2, "{}", status.text);
 }
 
+/// A bucket of four a second admits again within 250 ms, but its 429 says `Retry-After: 1`, and a
+/// caller straight back is held until the second it was told, not until the bucket's next token:
+/// held only till the token, 64 callers spinning on a tenant's 225/s plan got a 429 every few
+/// milliseconds each, thousands a second, with the header saying a whole second.
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn an_early_caller_is_held_as_long_as_its_retry_after_says_not_till_the_bucket_refills(pool: PgPool) {
+    let app = common::spawn_with(pool.clone(), &["--throttle-user-rate", "4", "--throttle-user-burst", "1"]).await;
+    let t = common::tenant(&pool, "Acme").await;
+    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+    let url = app.url("/v1/conversations?status=open");
+    let timed = || {
+        let req = spinner.get(&url).bearer_auth(&t.token);
+        async move {
+            let started = Instant::now();
+            let r = req.send().await.expect("sent");
+            let retry = r.headers().get("retry-after").map(|v| v.to_str().expect("ascii").to_owned());
+            (r.status(), retry, started.elapsed())
+        }
+    };
+    assert_eq!(timed().await.0, StatusCode::OK, "the burst");
+    assert_eq!(timed().await.0, StatusCode::TOO_MANY_REQUESTS, "from Redis, inside the admitted request");
+    let (status, retry, _) = timed().await;
+    assert_eq!((status, retry.as_deref()), (StatusCode::TOO_MANY_REQUESTS, Some("1")), "answered ahead");
+    let (status, _, took) = timed().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "straight back, within the bucket's 250 ms");
+    assert!(took >= Duration::from_millis(700), "held till the second it was told, not 250 ms: {took:?}");
+}
+
 #[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
 async fn a_client_that_stops_reading_is_cut_off_at_the_write_stall_timeout(pool: PgPool) {
     let app = common::spawn_with(pool.clone(), &["--write-stall-timeout-secs", "1"]).await;

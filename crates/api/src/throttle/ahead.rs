@@ -58,7 +58,10 @@ where
                 self.throttles.refused_ahead(auth.tenant, auth.user, ip)
             {
                 let mut response = crate::throttle_layer::refused(kind, limit, retry_after_us);
-                let retry_after = Duration::from_micros(u64::try_from(retry_after_us).unwrap_or(0));
+                // What the caller was told, not when the bucket admits again: a bucket of 225/s
+                // admits again within 5 ms, but the header says a whole second, and the pacer
+                // holds an early refusal until the time the caller was told.
+                let retry_after = Duration::from_secs(crate::throttle_layer::told_retry_after(retry_after_us));
                 response.extensions_mut().insert(PaceableRefusal { retry_after });
                 return Either::Left(ready(Ok(response)));
             }
