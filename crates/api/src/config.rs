@@ -94,8 +94,12 @@ pub struct ThrottleConfig {
     /// share (the limits divided by this), so the fleet still holds the limit.
     #[arg(long = "throttle-api-tasks", env = "THROTTLE_API_TASKS", default_value_t = 1)]
     pub api_tasks: u32,
-    /// The per-call budget for Redis, in ms; slower calls count as failures.
-    #[arg(long = "throttle-redis-budget-ms", env = "THROTTLE_REDIS_BUDGET_MS", default_value_t = 10)]
+    /// The per-call budget for Redis, in ms; slower calls count as failures. It runs on the wall
+    /// clock, so it also counts this process's own pauses: under a CPU quota the kernel stops a
+    /// task for the rest of each period once its share is spent (up to 75 ms of every 100 ms at
+    /// 0.25 core), and a budget shorter than that pause blames Redis for it, opens the breaker and
+    /// hands the limits to the in-process fallback (docs/OPERATIONS.md, layer 8).
+    #[arg(long = "throttle-redis-budget-ms", env = "THROTTLE_REDIS_BUDGET_MS", default_value_t = 100)]
     pub redis_budget_ms: u64,
     /// Prefix of the throttles' Redis keys: deployments sharing one Redis use different ones.
     #[arg(long = "throttle-key-prefix", env = "THROTTLE_KEY_PREFIX", default_value = "bw")]
