@@ -19,10 +19,10 @@
 //! (two calls, two slots), those two buckets have been charged for a refused request.
 //!
 //! A bucket that refused stays refusing until its retry-after: GCRA's theoretical arrival time
-//! only moves forward, on every task. Each process remembers those refusals (the mirror), and
-//! [`ahead`] answers a request whose bucket is still refusing with its 429 before admission, so
-//! a tenant over its own limit is told so before it can take a shared slot or queue place, and
-//! without a Redis round trip.
+//! only moves forward, on every task. Each process remembers the buckets that refused and
+//! follows them at their pace (the mirror), and [`ahead`] answers a request such a bucket would
+//! refuse with its 429 before admission, so a tenant over its own limit is told so before it
+//! can take a shared slot or queue place, and without a Redis round trip.
 
 pub mod ahead;
 mod breaker;
@@ -250,14 +250,13 @@ impl Throttles {
             self.counters.fallback_checks.fetch_add(1, Ordering::Relaxed);
             self.check_local(&keys, &limits, &ip_key, ip_limit)
         });
-        if let Decision::Refused { kind, limit, retry_after_us } = decision {
-            self.count_refusal(kind);
-            let key = match kind {
-                KeyKind::Tenant => MirrorKey::Tenant(tenant),
-                KeyKind::User => MirrorKey::User(tenant, user),
-                KeyKind::Ip => MirrorKey::Ip(ip_bucket(ip)),
-            };
-            self.remember_refusal(key, limit, asked, retry_after_us);
+        match decision {
+            Decision::Refused { kind, .. } => {
+                self.count_refusal(kind);
+                self.remember(decision, MirrorKey::of(kind, tenant, user, ip), asked);
+            }
+            Decision::Admitted { kind, .. } => self.remember(decision, MirrorKey::of(kind, tenant, user, ip), asked),
+            Decision::Off => {}
         }
         decision
     }
