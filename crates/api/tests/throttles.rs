@@ -92,7 +92,7 @@ async fn one_tenant_exhausting_its_bucket_leaves_another_alone(pool: PgPool) {
     assert_eq!(status.body["layers"]["throttles"]["tenant_overrides"], 1);
 
     // The same figures on /metrics; a deliberate 429 counts as refused, not as an error. The
-    // first 429 came from Redis inside the routed request; the bucket was still refusing for the
+    // first 429 came from Redis inside the routed request; the bucket's door refused the
     // next two, which were answered before admission and routing (counted by the throttles only).
     let metrics = app.send(app.http.get(app.ops_url("/metrics"))).await.text;
     for line in [
