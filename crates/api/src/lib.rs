@@ -7,7 +7,7 @@
 //!   -> body read whole: cap (413), read timeout (408), before anything is held    body.rs
 //!   -> token verified once (its tenant keys admission; forged: one anonymous key)  auth.rs
 //!   -> refusals to callers back before their Retry-After paced     breakwater_admission
-//!   -> a bucket at its edge since a 429, at its pace: 429, before admission     throttle/ahead.rs
+//!   -> a bucket that refused lets one through per interval; the rest 429 here  throttle/ahead.rs
 //!   -> admission control (adaptive limit, bounded queue, 503 + Retry-After)       admission.rs
 //!   -> request id + trace span (named by the matched route)                       here
 //!   -> handler timeout                                                            here

@@ -1,8 +1,8 @@
-//! The throttles' answer ahead of admission: a request whose tenant, user or IP bucket is at its
-//! edge since it refused, and whose turn has not come, gets that bucket's 429 here, before it
-//! can take an admission slot or queue place, and without asking Redis (the bucket is followed
-//! in process, see [`Throttles::refused_ahead`]). Only a verified request is looked up: one without a valid
-//! token is refused 401 inside, whatever its buckets say.
+//! The throttles' answer ahead of admission: a request that the door of its tenant, user or IP
+//! bucket does not let through (a bucket that refused is followed in process, see
+//! [`Throttles::refused_ahead`]) gets that bucket's 429 here, before it can take an admission
+//! slot or queue place, and without asking Redis. Only a verified request is looked up: one
+//! without a valid token is refused 401 inside, whatever its buckets say.
 //!
 //! The 429 holds nothing shared, so it is marked [`PaceableRefusal`]: a caller that spins on it
 //! is slowed by the refusal pacer like one that spins on admission's 503s.

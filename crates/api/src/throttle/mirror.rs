@@ -1,19 +1,20 @@
-//! The mirror: the buckets at their edge, remembered in process, so that a request whose bucket
+//! The mirror: the buckets that refused, followed in process, so that a request whose bucket
 //! would refuse it is answered its 429 ahead of admission (see [`super::ahead`]) without a Redis
 //! round trip, and without taking an admission slot or queue place first.
 //!
-//! A bucket is at its edge from the moment it refuses (Redis, or the fallback, said when it
-//! admits again) until a check through it finds room to spare. Meanwhile the mirror is the
-//! bucket's door: nothing passes before the time the bucket gave, then one request per emission
-//! interval (the bucket's own pace once it is empty), and the rest are refused ahead. Without
+//! A bucket that refused (in Redis, or in the fallback) gets a door: a local copy of its GCRA,
+//! set from the time the bucket gave and from each later answer for that bucket, and moved on
+//! by each request the door lets through. While the copy says the bucket is empty, nothing
+//! passes before the time the bucket gave, then one request per emission interval (the bucket's
+//! own pace), and the rest are refused ahead; a bucket with room refuses nothing ahead. Without
 //! the door, the mirror refused only until the bucket's next token (2 ms at 500/s), and a tenant
 //! offering five times its plan sent nearly all of its excess into admission, where it took the
 //! slots and the queue places of the tenants within theirs and was refused 503 instead of 429.
 //!
-//! The door never lets through more than the bucket would admit from this task alone; it may
-//! refuse a request the bucket would have admitted when the request it let through in its place
-//! never reached the bucket (admission refused it). In a fleet, each task's door lets through
-//! up to the whole rate, and Redis, which sees every task, still decides.
+//! The door refuses only what the bucket, as this task last heard of it, would refuse. It can be
+//! wrong that way only when a request it let through never reached the bucket (admission refused
+//! it: the copy charged it, the bucket did not). In a fleet, each task's door lets through up to
+//! the whole rate, and Redis, which sees every task, still decides.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -32,15 +33,15 @@ pub(super) enum MirrorKey {
     Ip(IpAddr),
 }
 
-/// A bucket at its edge: the bucket's theoretical arrival time as this task last heard it,
-/// moved on by each request the door let through since.
+/// A bucket's door: its theoretical arrival time as this task last heard it, moved on by each
+/// request the door let through since.
 #[derive(Debug, Clone, Copy)]
 struct Edge {
     tat_us: i64,
     limit: Limit,
 }
 
-/// The buckets at their edge, on a clock of microseconds since the mirror was made.
+/// The doors of the buckets that refused, on a clock of microseconds since the mirror was made.
 #[derive(Debug)]
 pub(super) struct Mirror {
     epoch: Instant,
@@ -62,7 +63,8 @@ impl Mirror {
         i64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// `key`'s bucket, asked at `asked`, refused: it admits again `retry_after_us` later.
+    /// `key`'s bucket, asked at `asked`, refused: it admits again `retry_after_us` later. The
+    /// bucket gets a door, or its door is set again.
     fn refused(&mut self, key: MirrorKey, limit: Limit, asked: Instant, retry_after_us: i64) {
         let tat_us = self.us(asked).saturating_add(retry_after_us).saturating_add(limit.tolerance_us());
         self.edges.insert(key, Edge { tat_us, limit });
@@ -75,7 +77,7 @@ impl Mirror {
     }
 
     /// `key`'s bucket, asked at `asked`, admitted a request and is full again `reset_us` later.
-    /// Only a bucket already at its edge is followed: the others have no door.
+    /// Only a bucket that refused before is followed: the others have no door.
     fn admitted(&mut self, key: MirrorKey, asked: Instant, reset_us: i64) {
         let at = self.us(asked);
         if let Some(edge) = self.edges.get_mut(&key) {
@@ -134,8 +136,8 @@ impl MirrorKey {
 }
 
 impl Throttles {
-    /// Follows a decision of the buckets asked at `asked`: a refusal puts its bucket at its edge;
-    /// an admission moves on the tightest bucket's door, if it has one.
+    /// Follows a decision of the buckets asked at `asked`: a refusal gives its bucket a door, or
+    /// sets it again; an admission sets the tightest bucket's door, if it has one.
     pub(super) fn remember(&self, decision: Decision, key: MirrorKey, asked: Instant) {
         let Ok(mut mirror) = self.mirror.lock() else { return };
         match decision {
@@ -145,8 +147,8 @@ impl Throttles {
         }
     }
 
-    /// The refusal a request gets before admission: one of its buckets is at its edge and its
-    /// door does not let the request through (see the module). Counted as that bucket's refusal.
+    /// The refusal a request gets before admission: the door of one of its buckets does not let
+    /// it through (see the module). Counted as that bucket's refusal.
     /// `None` when every door lets it through (then [`Self::check`] decides, after admission).
     pub fn refused_ahead(&self, tenant: TenantId, user: UserId, ip: IpAddr) -> Option<Decision> {
         if !self.settings.enabled {

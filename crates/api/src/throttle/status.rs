@@ -30,9 +30,8 @@ pub struct ThrottleStatus {
     pub breaker_opens: u64,
     /// Refusals per bucket kind.
     pub refused: RefusedTotals,
-    /// Of those, answered before admission: the bucket was at its edge since an earlier refusal
-    /// and its door (the mirror) did not let the request through, so neither admission nor
-    /// Redis was asked.
+    /// Of those, answered before admission: the door of a bucket that refused earlier (the
+    /// mirror) did not let the request through, so neither admission nor Redis was asked.
     pub refused_ahead: u64,
 }
 
@@ -112,7 +111,7 @@ impl crate::figures::Publish for ThrottleStatus {
             .ops("refused/{kind}");
         out.counter(
             "throttle_refused_ahead",
-            "Of those, answered before admission: the bucket was at its edge since an earlier 429, and its door did not let the request through",
+            "Of those, answered before admission: the door of a bucket that refused earlier did not let the request through",
             self.refused_ahead,
         )
         .no_emf("a part of ThrottleRefused, which counts them already")
