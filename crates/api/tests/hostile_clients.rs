@@ -174,6 +174,28 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
     assert_eq!((pacing["early_total"].as_u64(), pacing["held_total"].as_u64()), (Some(1), Some(1)), "{}", status.text);
 }
 
+/// A caller on one kept-alive connection that sends its next request as soon as it has an answer.
+struct Spinner {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Spinner {
+    fn new(app: &common::TestApp, token: &str) -> Self {
+        let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
+        Self { client, url: app.url("/v1/conversations?status=open"), token: token.to_owned() }
+    }
+
+    /// The answer's status and `Retry-After`, and how long it took.
+    async fn get(&self) -> (StatusCode, Option<String>, Duration) {
+        let started = Instant::now();
+        let r = self.client.get(&self.url).bearer_auth(&self.token).send().await.expect("sent");
+        let retry = r.headers().get("retry-after").map(|v| v.to_str().expect("ascii").to_owned());
+        (r.status(), retry, started.elapsed())
+    }
+}
+
 /// A 429 made inside an admitted request still carries its admission slot and is never held. Once
 /// the bucket is known to refuse, the throttles answer before admission with a 429 that holds
 /// nothing, and that one is held like admission's own refusals for a caller that spins on it.
@@ -181,24 +203,15 @@ async fn a_caller_back_before_its_retry_after_is_held_till_then_and_one_that_wai
 async fn a_throttle_refusal_is_held_only_when_it_holds_nothing(pool: PgPool) {
     let app = common::spawn_with(pool.clone(), &["--throttle-user-rate", "1", "--throttle-user-burst", "1"]).await;
     let t = common::tenant(&pool, "Acme").await;
-    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
-    let url = app.url("/v1/conversations?status=open");
-    let timed = || {
-        let req = spinner.get(&url).bearer_auth(&t.token);
-        async move {
-            let started = Instant::now();
-            let status = req.send().await.expect("sent").status();
-            (status, started.elapsed())
-        }
-    };
-    assert_eq!(timed().await.0, StatusCode::OK, "the burst");
-    let (status, took) = timed().await;
+    let spinner = Spinner::new(&app, &t.token);
+    assert_eq!(spinner.get().await.0, StatusCode::OK, "the burst");
+    let (status, _, took) = spinner.get().await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "from Redis, inside the admitted request");
     assert!(took < Duration::from_millis(300), "a 429 holding a slot is not held: {took:?}");
-    let (status, took) = timed().await;
+    let (status, _, took) = spinner.get().await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "answered ahead of admission");
     assert!(took < Duration::from_millis(300), "the pacer had told this caller nothing yet: {took:?}");
-    let (status, took) = timed().await;
+    let (status, _, took) = spinner.get().await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(took >= Duration::from_millis(500), "straight back: held till its Retry-After: {took:?}");
     let status = app.ops("/v1/ops/status").await;
@@ -214,22 +227,12 @@ async fn a_throttle_refusal_is_held_only_when_it_holds_nothing(pool: PgPool) {
 async fn an_early_caller_is_held_as_long_as_its_retry_after_says_not_till_the_bucket_refills(pool: PgPool) {
     let app = common::spawn_with(pool.clone(), &["--throttle-user-rate", "4", "--throttle-user-burst", "1"]).await;
     let t = common::tenant(&pool, "Acme").await;
-    let spinner = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("client");
-    let url = app.url("/v1/conversations?status=open");
-    let timed = || {
-        let req = spinner.get(&url).bearer_auth(&t.token);
-        async move {
-            let started = Instant::now();
-            let r = req.send().await.expect("sent");
-            let retry = r.headers().get("retry-after").map(|v| v.to_str().expect("ascii").to_owned());
-            (r.status(), retry, started.elapsed())
-        }
-    };
-    assert_eq!(timed().await.0, StatusCode::OK, "the burst");
-    assert_eq!(timed().await.0, StatusCode::TOO_MANY_REQUESTS, "from Redis, inside the admitted request");
-    let (status, retry, _) = timed().await;
+    let spinner = Spinner::new(&app, &t.token);
+    assert_eq!(spinner.get().await.0, StatusCode::OK, "the burst");
+    assert_eq!(spinner.get().await.0, StatusCode::TOO_MANY_REQUESTS, "from Redis, inside the admitted request");
+    let (status, retry, _) = spinner.get().await;
     assert_eq!((status, retry.as_deref()), (StatusCode::TOO_MANY_REQUESTS, Some("1")), "answered ahead");
-    let (status, _, took) = timed().await;
+    let (status, _, took) = spinner.get().await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "straight back, within the bucket's 250 ms");
     assert!(took >= Duration::from_millis(700), "held till the second it was told, not 250 ms: {took:?}");
 }
