@@ -76,12 +76,13 @@ impl Mirror {
         }
     }
 
-    /// `key`'s bucket, asked at `asked`, admitted a request and is full again `reset_us` later.
-    /// Only a bucket that refused before is followed: the others have no door.
-    fn admitted(&mut self, key: MirrorKey, asked: Instant, reset_us: i64) {
+    /// `key`'s bucket, asked at `asked`, admitted a request under `limit` (a tenant's plan may
+    /// have changed since it refused) and is full again `reset_us` later. Only a bucket that
+    /// refused before is followed: the others have no door.
+    fn admitted(&mut self, key: MirrorKey, limit: Limit, asked: Instant, reset_us: i64) {
         let at = self.us(asked);
         if let Some(edge) = self.edges.get_mut(&key) {
-            edge.tat_us = at.saturating_add(reset_us);
+            *edge = Edge { tat_us: at.saturating_add(reset_us), limit };
         }
     }
 
@@ -142,7 +143,9 @@ impl Throttles {
         let Ok(mut mirror) = self.mirror.lock() else { return };
         match decision {
             Decision::Refused { limit, retry_after_us, .. } => mirror.refused(key, limit, asked, retry_after_us),
-            Decision::Admitted { reset_us, .. } if !mirror.edges.is_empty() => mirror.admitted(key, asked, reset_us),
+            Decision::Admitted { limit, reset_us, .. } if !mirror.edges.is_empty() => {
+                mirror.admitted(key, limit, asked, reset_us);
+            }
             Decision::Admitted { .. } | Decision::Off => {}
         }
     }
@@ -202,12 +205,18 @@ mod tests {
         mirror.refused(key, PLAN, t0, 2_000);
         // Redis admitted a request asked at 1 ms (another task's tokens ran out later than this
         // one thought) and will be full 1.5 s on: 250 requests' room.
-        mirror.admitted(key, at(t0, 1_000), 1_500_000);
+        mirror.admitted(key, PLAN, at(t0, 1_000), 1_500_000);
         let passed = (0..400).filter(|_| mirror.door(keys(noisy), at(t0, 1_000)).is_none()).count();
         assert_eq!(passed, 250, "the room Redis reported, then the door's pace");
+        // The tenant's plan was halved meanwhile: Redis's next answer brings the new pace (at the
+        // old one, the door would take a bucket at the new plan's edge for two seconds behind).
+        let halved = Limit { rate_per_sec: 250.0, burst: 1000 };
+        mirror.admitted(key, halved, at(t0, 2_000), halved.tolerance_us() + 4_000);
+        let passed = (1..=40).filter(|i| mirror.door(keys(noisy), at(t0, 2_000 + i * 1_000)).is_none()).count();
+        assert_eq!(passed, 10, "one per 4 ms at 250/s, over 40 ms");
         // A bucket not at its edge has no door, whatever Redis says of it.
         let quiet = MirrorKey::Tenant(TenantId(breakwater_domain::new_id()));
-        mirror.admitted(quiet, t0, PLAN.tolerance_us() + 2_000);
+        mirror.admitted(quiet, PLAN, t0, PLAN.tolerance_us() + 2_000);
         assert!(!mirror.edges.contains_key(&quiet));
     }
 
