@@ -48,8 +48,10 @@ use crate::state::lock;
 /// it when its caller came back early. Put it in the response's extensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PaceableRefusal {
-    /// What the refusal's `Retry-After` says.
-    pub retry_after: Duration,
+    /// What the refusal's `Retry-After` header says, in its whole seconds (as admission's own
+    /// [`Refusal`]): the pacer holds an early caller until the time it was told, which is the
+    /// header's, not whenever the refusing limit frees.
+    pub retry_after_seconds: u32,
 }
 
 /// Settings of the pacer.
@@ -194,7 +196,7 @@ fn paceable<B>(response: &Response<B>) -> Option<Duration> {
     if let Some(r) = ext.get::<Refusal>() {
         return Some(Duration::from_secs(u64::from(r.retry_after_seconds)));
     }
-    ext.get::<PaceableRefusal>().map(|p| p.retry_after)
+    ext.get::<PaceableRefusal>().map(|p| Duration::from_secs(u64::from(p.retry_after_seconds)))
 }
 
 /// The layer of [`RetryPacing::layer`].

@@ -11,7 +11,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -58,11 +57,11 @@ where
                 self.throttles.refused_ahead(auth.tenant, auth.user, ip)
             {
                 let mut response = crate::throttle_layer::refused(kind, limit, retry_after_us);
-                // What the caller was told, not when the bucket admits again: a bucket of 225/s
-                // admits again within 5 ms, but the header says a whole second, and the pacer
-                // holds an early refusal until the time the caller was told.
-                let retry_after = Duration::from_secs(crate::throttle_layer::told_retry_after(retry_after_us));
-                response.extensions_mut().insert(PaceableRefusal { retry_after });
+                // What the header says, not when the bucket admits again: a bucket of 225/s admits
+                // again within 5 ms, but the header says a whole second.
+                let told = crate::throttle_layer::told_retry_after(retry_after_us);
+                let retry_after_seconds = u32::try_from(told).unwrap_or(u32::MAX);
+                response.extensions_mut().insert(PaceableRefusal { retry_after_seconds });
                 return Either::Left(ready(Ok(response)));
             }
         }
