@@ -34,10 +34,9 @@ pub(super) const UNANSWERED_AT_MOST: Duration = Duration::from_secs(1);
 /// The longest `Retry-After` a reconnecting client is told, seconds: the cap's slots here, and
 /// admission's `streams` class (`crate::admission`). A refused client comes back within about
 /// twice this (clients add up to as much again in jitter), on the same connection, where
-/// admission decides. With both at 10 s, a 10,000-stream storm opened in 22 to 24 s with the
-/// admitted opening's p99 at 167 to 1,116 ms (median 329, thirteen storms); at 5 s, in 12 to 14 s
-/// with p99 283 to 875 ms (median 471): the refused come back closer together
-/// (docs/lab/history/2026-12-05-storm-unanswered-cap.md).
+/// admission decides. 10 s against 5 s: a storm takes longer to open and its admitted openings'
+/// p99 is lower, the refused coming back further apart (measured in
+/// docs/lab/history/2026-12-05-storm-unanswered-cap.md).
 pub(crate) const RECONNECT_LONGEST_RETRY_AFTER: u32 = 10;
 
 /// The time to a first answer assumed before any was measured.

@@ -251,13 +251,11 @@ impl Throttles {
             self.counters.fallback_checks.fetch_add(1, Ordering::Relaxed);
             self.check_local(&keys, &limits, &ip_key, ip_limit)
         });
-        match decision {
-            Decision::Refused { kind, .. } => {
-                self.count_refusal(kind);
-                self.remember(decision, MirrorKey::of(kind, tenant, user, ip), asked);
-            }
-            Decision::Admitted { kind, .. } => self.remember(decision, MirrorKey::of(kind, tenant, user, ip), asked),
-            Decision::Off => {}
+        if let Decision::Refused { kind, .. } = decision {
+            self.count_refusal(kind);
+        }
+        if let Decision::Refused { kind, .. } | Decision::Admitted { kind, .. } = decision {
+            self.remember(decision, MirrorKey::of(kind, tenant, user, ip), asked);
         }
         decision
     }
