@@ -71,6 +71,13 @@ pub struct StreamsReport {
     /// The request that opened a stream, from its sending on an open connection to the
     /// stream's first frame: what an admitted request took, without the connect's wait.
     pub admitted: Pcts,
+    /// The same, for the openings sent as the first request of a new connection: these also
+    /// wait for the server to accept the connection (in its listen queue, or for a handshake's
+    /// last ACK that a full queue dropped, until the server's SYN-ACK is sent again).
+    pub admitted_first_on_connection: Pcts,
+    /// The same, for the openings sent on a connection that had carried a refusal: accepted
+    /// already, so their time is the server's own.
+    pub admitted_on_kept_connection: Pcts,
     pub writes_ok: u64,
     pub writes_failed: u64,
     pub events: u64,
@@ -115,6 +122,8 @@ struct Shared {
     open: Mutex<Hist>,
     connect: Mutex<Hist>,
     admitted: Mutex<Hist>,
+    admitted_first: Mutex<Hist>,
+    admitted_kept: Mutex<Hist>,
     latency: Mutex<Hist>,
     last_open: Mutex<Option<Instant>>,
 }
@@ -190,6 +199,8 @@ pub async fn run(config: &StreamsConfig, tokens: &Tokens) -> anyhow::Result<Stre
         open: shared.open.lock().await.summary(),
         connect: shared.connect.lock().await.summary(),
         admitted: shared.admitted.lock().await.summary(),
+        admitted_first_on_connection: shared.admitted_first.lock().await.summary(),
+        admitted_on_kept_connection: shared.admitted_kept.lock().await.summary(),
         writes_ok: get(&t.writes_ok),
         writes_failed: get(&t.writes_failed),
         events: get(&t.events),
@@ -301,6 +312,7 @@ async fn open(
         Some(mut s) => s.ready().await.is_ok().then_some(s),
         None => None,
     };
+    let kept = reusable.is_some();
     let mut sender = match reusable {
         Some(s) => s,
         None => {
@@ -366,7 +378,10 @@ async fn open(
             first = false;
             shared.tally.opened.fetch_add(1, Ordering::Relaxed);
             shared.open.lock().await.record(asked.elapsed());
-            shared.admitted.lock().await.record(sent.elapsed());
+            let took = sent.elapsed();
+            shared.admitted.lock().await.record(took);
+            let split = if kept { &shared.admitted_kept } else { &shared.admitted_first };
+            split.lock().await.record(took);
             *shared.last_open.lock().await = Some(Instant::now());
         }
         for event in reader.push(&data) {

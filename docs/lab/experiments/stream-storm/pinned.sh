@@ -9,7 +9,9 @@
 #   gave);
 # - where an opening's time went: the TCP connect's p99 (a wait in the listen queue, or a SYN
 #   the kernel dropped and the client sent again a second or more later) and the admitted
-#   request's p50 / p99 (sent on an open connection, to the stream's first frame; goal 200 ms);
+#   request's p50 / p99 (sent on an open connection, to the stream's first frame; goal 200 ms),
+#   and the same apart for openings sent as a new connection's first request (which wait for
+#   the server to accept the connection) and on a connection kept from a refusal;
 # - the SYNs the kernel dropped from the full listen queue (`ListenOverflows` in
 #   /proc/net/netstat, machine-wide, over the storm);
 # - `/health` probed every 100 ms on the public listener, which the storm shares, and on the ops
@@ -71,6 +73,7 @@ for r in $(seq 1 "$ROUNDS"); do
   jq -r --arg r "$r" '"storm \($r): \(.opened) of \(.streams) open in \(.all_open_seconds * 10 | round / 10) s; opening p50 \(.open.p50_ms / 100 | round / 10) s, p99 \(.open.p99_ms / 100 | round / 10) s; refused at opening \(.refused); errors \(.errors)"' "$WORK/storm-$r.json"
   jq -r --arg r "$r" '"storm \($r): refusals by code: \(.refusal_codes | to_entries | map("\(.key) \(.value.count) (longest Retry-After \(.value.longest_retry_after_seconds) s)") | join(", "))"' "$WORK/storm-$r.json"
   jq -r --arg r "$r" --arg o "$overflows" '"storm \($r): connect p99 \(.connect.p99_ms / 100 | round / 10) s (\($o) SYNs dropped from a full listen queue); admitted p50 \(.admitted.p50_ms * 10 | round / 10) ms, p99 \(.admitted.p99_ms * 10 | round / 10) ms"' "$WORK/storm-$r.json"
+  jq -r --arg r "$r" '"storm \($r): admitted as a new connection'"'"'s first request: \(.admitted_first_on_connection.count), p50 \(.admitted_first_on_connection.p50_ms * 10 | round / 10) ms, p99 \(.admitted_first_on_connection.p99_ms * 10 | round / 10) ms; on a kept connection: \(.admitted_on_kept_connection.count), p50 \(.admitted_on_kept_connection.p50_ms * 10 | round / 10) ms, p99 \(.admitted_on_kept_connection.p99_ms * 10 | round / 10) ms"' "$WORK/storm-$r.json"
   health_line "$r" "/health on the public listener" "$WORK/health-$r.txt"
   health_line "$r" "/health on the ops listener" "$WORK/ops-health-$r.txt"
   health_line "$r" "/ready on the ops listener" "$WORK/ops-ready-$r.txt"
