@@ -10,6 +10,9 @@
 - The target group checks a route the API serves (`/ready`, read from the API's source), on the
   API's ops listener (`OPS_ADDR`), while traffic goes to the public port; nothing opens the ops
   port to the internet, so `/ready`, `/metrics` and `/v1/ops/status` are not reachable from it.
+- Each connection profile, at each task size: `requests` paces accepts over a short backlog;
+  `streams` turns the pace off for the unanswered cap over a backlog as deep as the connection
+  cap, with `net.core.somaxconn` raised so the kernel keeps it.
 - The API and the worker run with APP_ENV=production and JSON logs; the worker's health check
   asks the port it serves `/health` on.
 - Secrets reach containers as secrets, never as plain environment; services run in private
@@ -72,14 +75,38 @@ def param(t: dict, name: str) -> dict:
     return t.get("Parameters", {}).get(name, {})
 
 
-def resolve(t: dict, node):
-    """A value with parameter Refs and FindInMap replaced by the defaults; other intrinsics stay."""
+def resolve(t: dict, node, given: dict | None = None):
+    """A value with parameter Refs (the values `given`, else the defaults), FindInMap and If
+    replaced; other intrinsics stay. `AWS::NoValue` is None."""
+    given = given or {}
     if isinstance(node, dict) and list(node) == ["Ref"] and node["Ref"] in t.get("Parameters", {}):
-        return param(t, node["Ref"]).get("Default")
+        return given.get(node["Ref"], param(t, node["Ref"]).get("Default"))
+    if isinstance(node, dict) and node == {"Ref": "AWS::NoValue"}:
+        return None
     if isinstance(node, dict) and list(node) == ["Fn::FindInMap"]:
-        m, k1, k2 = (resolve(t, x) for x in node["Fn::FindInMap"])
+        m, k1, k2 = (resolve(t, x, given) for x in node["Fn::FindInMap"])
         return t["Mappings"][m][k1][k2]
+    if isinstance(node, dict) and list(node) == ["Fn::If"]:
+        name, then, otherwise = node["Fn::If"]
+        return resolve(t, then if condition(t, t["Conditions"][name], given) else otherwise, given)
     return node
+
+
+def condition(t: dict, node, given: dict) -> bool:
+    """A condition of the template (Equals, Not, And, Or, Condition), for these parameters."""
+    (fn, args), = node.items()
+    if fn == "Fn::Equals":
+        a, b = (resolve(t, x, given) for x in args)
+        return str(a) == str(b)
+    if fn == "Fn::Not":
+        return not condition(t, args[0], given)
+    if fn == "Fn::And":
+        return all(condition(t, x, given) for x in args)
+    if fn == "Fn::Or":
+        return any(condition(t, x, given) for x in args)
+    if fn == "Condition":
+        return condition(t, t["Conditions"][args], given)
+    raise AssertionError(f"condition {fn} is not understood")
 
 
 def num(t: dict, node) -> float:
@@ -124,8 +151,8 @@ def container(t: dict, family_suffix: str) -> dict:
     raise AssertionError(f"no {family_suffix} task definition")
 
 
-def env_of(t: dict, c: dict) -> dict:
-    return {e["Name"]: resolve(t, e["Value"]) for e in c.get("Environment", [])}
+def env_of(t: dict, c: dict, given: dict | None = None) -> dict:
+    return {e["Name"]: resolve(t, e["Value"], given) for e in c.get("Environment", [])}
 
 
 def export_name(node) -> str | None:
@@ -208,6 +235,30 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         all(tier_env.values()),
         f"the tier sets the pool, runtime threads, connection cap and accept rate ({tier_env})",
     )
+    # The connection profiles: the accept rate over a short backlog (the default), or the
+    # unanswered cap over a backlog as deep as the connection cap, which the kernel's somaxconn
+    # (the task's system control) must not cut short.
+    c.check(
+        param(svc, "ConnectionProfile").get("Default") == "requests", "the connection profile is requests by default"
+    )
+    for size in param(svc, "TaskSize").get("AllowedValues", []):
+        for profile in param(svc, "ConnectionProfile").get("AllowedValues", []):
+            given = {"TaskSize": size, "ConnectionProfile": profile}
+            env = env_of(svc, api_c, given)
+            rate, cap = float(env["MAX_ACCEPT_RATE"]), float(env["MAX_UNANSWERED_CONNECTIONS"])
+            backlog, conns = float(env["LISTEN_BACKLOG"]), float(env["MAX_CONNECTIONS"])
+            controls = resolve(svc, api_c.get("SystemControls"), given) or []
+            sysctl = {x["Namespace"]: float(resolve(svc, x["Value"], given)) for x in controls}
+            somaxconn = sysctl.get("net.core.somaxconn", 4096)  # the kernel's default
+            if profile == "requests":
+                ok = rate > 0 and cap == 0 and backlog <= somaxconn and backlog < conns
+            else:
+                ok = rate == 0 and 0 < cap < conns and backlog == conns and backlog <= somaxconn
+            c.check(
+                ok,
+                f"{size}, {profile}: accept rate {rate:g}, unanswered cap {cap:g}, backlog {backlog:g}"
+                f" (somaxconn {somaxconn:g}, connections {conns:g})",
+            )
     c.check(
         api_env.get("ADMISSION") == "adaptive" and float(api_env.get("ADMISSION_LATENCY_TARGET_MS", 0)) == 200,
         "admission is adaptive with a 200 ms latency target by default",
@@ -490,6 +541,9 @@ def self_test(ts: dict[str, dict]) -> None:
         "worker without CloudWatch lines": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
             Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
                          if e["Name"] != "METRICS_EMF_INTERVAL_SECS"]),
+        "streams backlog past somaxconn": lambda t: api_c(t).pop("SystemControls"),
+        "streams profile still paced": lambda t: api_env(
+            t, "MAX_ACCEPT_RATE", {"Fn::FindInMap": ["Tier", {"Ref": "TaskSize"}, "MaxAcceptRate"]}),
         "alarm on another environment": lambda t: of_type(t["alarms"], "AWS::CloudWatch::Alarm")["ThrottleDegradedAlarm"][
             "Properties"]["Dimensions"][0].update(Value="other"),
     }
