@@ -43,6 +43,7 @@ ROOT = Path("infra/cloudformation")
 # Deploy order: a stack may import only what an earlier one exports.
 ORDER = ["security", "network", "data", "edge", "service", "alarms"]
 HEALTH_ROUTES = Path("crates/api/src/routes/health.rs")
+API_CONFIG = Path("crates/api/src/config.rs")
 SECRET_NAMES = re.compile(r"SECRET|PASSWORD|TOKEN|REDIS_URL", re.I)
 
 
@@ -152,7 +153,26 @@ def container(t: dict, family_suffix: str) -> dict:
 
 
 def env_of(t: dict, c: dict, given: dict | None = None) -> dict:
-    return {e["Name"]: resolve(t, e["Value"], given) for e in c.get("Environment", [])}
+    """A container's environment for these parameters (an entry under an `If` may be absent)."""
+    entries = (resolve(t, e, given) for e in c.get("Environment", []))
+    return {e["Name"]: resolve(t, e["Value"], given) for e in entries if e is not None}
+
+
+def environment_entries(c: dict) -> list[dict]:
+    """Every entry a container's environment can hold, those under an `If` in either branch."""
+    out = []
+    for e in c.get("Environment", []):
+        branches = e["Fn::If"][1:] if isinstance(e, dict) and list(e) == ["Fn::If"] else [e]
+        out += [b for b in branches if isinstance(b, dict) and "Name" in b]
+    return out
+
+
+def api_default(env: str) -> str:
+    """The API's own default for the setting `env` (its clap `default_value_t`)."""
+    found = re.search(rf'env = "{env}", default_value_t = ([^)\]]+)\)', API_CONFIG.read_text())
+    if not found:
+        raise AssertionError(f"{env} has no default in {API_CONFIG}")
+    return found.group(1).strip()
 
 
 def export_name(node) -> str | None:
@@ -245,8 +265,10 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         for profile in param(svc, "ConnectionProfile").get("AllowedValues", []):
             given = {"TaskSize": size, "ConnectionProfile": profile}
             env = env_of(svc, api_c, given)
-            rate, cap = float(env["MAX_ACCEPT_RATE"]), float(env["MAX_UNANSWERED_CONNECTIONS"])
-            backlog, conns = float(env["LISTEN_BACKLOG"]), float(env["MAX_CONNECTIONS"])
+            rate = float(env["MAX_ACCEPT_RATE"])
+            cap = float(env.get("MAX_UNANSWERED_CONNECTIONS", api_default("MAX_UNANSWERED_CONNECTIONS")))
+            backlog = float(env.get("LISTEN_BACKLOG", api_default("LISTEN_BACKLOG")))
+            conns = float(env["MAX_CONNECTIONS"])
             controls = resolve(svc, api_c.get("SystemControls"), given) or []
             sysctl = {x["Namespace"]: float(resolve(svc, x["Value"], given)) for x in controls}
             somaxconn = sysctl.get("net.core.somaxconn", 4096)  # the kernel's default
@@ -355,7 +377,7 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         p = td["Properties"]
         c.check(p["ExecutionRoleArn"] != p["TaskRoleArn"], f"{name}: separate execution and task roles")
         for cd in p["ContainerDefinitions"]:
-            plain = [e["Name"] for e in cd.get("Environment", []) if SECRET_NAMES.search(e["Name"])]
+            plain = [e["Name"] for e in environment_entries(cd) if SECRET_NAMES.search(e["Name"])]
             c.check(not plain, f"{name}/{cd['Name']}: no secret in plain environment {plain or ''}")
             c.check(cd.get("ReadonlyRootFilesystem") is True, f"{name}/{cd['Name']}: read-only root filesystem")
     secrets = {s["Name"] for s in api_c.get("Secrets", [])}
@@ -404,7 +426,7 @@ def alarms_checks(ts: dict[str, dict], c: Checks) -> None:
     )
     for who in ("api", "worker"):
         cd = container(svc, who)["ContainerDefinitions"][0]
-        raw = {e["Name"]: e["Value"] for e in cd.get("Environment", [])}
+        raw = {e["Name"]: e["Value"] for e in environment_entries(cd)}
         interval = raw.get("METRICS_EMF_INTERVAL_SECS")
         lo, hi = bounds(svc, interval) if interval is not None else (0.0, 0.0)
         c.check(
@@ -502,7 +524,7 @@ def self_test(ts: dict[str, dict]) -> None:
         return container(t["service"], "api")["ContainerDefinitions"][0]
 
     def api_env(t, name, value):
-        for e in api_c(t)["Environment"]:
+        for e in environment_entries(api_c(t)):
             if e["Name"] == name:
                 e["Value"] = value
 
@@ -524,6 +546,8 @@ def self_test(ts: dict[str, dict]) -> None:
             "SecurityGroupIngress"].append({"IpProtocol": "tcp", "FromPort": 9090, "ToPort": 9090, "CidrIp": "0.0.0.0/0"}),
         "service registers the ops port": lambda t: first_service(t)["LoadBalancers"][0].update(ContainerPort=9090),
         "secret in plain env": lambda t: api_c(t)["Environment"].append({"Name": "JWT_SECRET", "Value": "x"}),
+        "secret in a profile's env": lambda t: api_c(t)["Environment"].append(
+            {"Fn::If": ["StreamsProfile", {"Name": "JWT_SECRET", "Value": "x"}, {"Ref": "AWS::NoValue"}]}),
         "worker in development": lambda t: container(t["service"], "worker")["ContainerDefinitions"][0].update(
             Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
                          if e["Name"] != "APP_ENV"]),
