@@ -1,5 +1,8 @@
 //! The throttles' cost per request: one pipelined round trip to Redis on loopback (the tenant +
-//! user script and the IP script), alone and 64 at once, against the in-process fallback.
+//! user script and the IP script), alone and 64 at once, against the in-process fallback; and
+//! the mirror's look before admission (`refused_ahead`) for a request whose buckets have no door
+//! (the common case) and for one that passes a door (a tenant that was refused and has room
+//! again: the one lock, three lookups and a charge).
 //!
 //! `cargo bench -p breakwater-api --bench throttles` (needs Redis at `REDIS_URL`, default
 //! `redis://127.0.0.1:6379`; the Redis case is skipped when none answers).
@@ -55,6 +58,27 @@ fn bench(c: &mut Criterion) {
     }
     assert!(down.is_degraded());
     group.bench_function("in_process_fallback", |b| b.iter(|| rt.block_on(down.check(tenant, user, ip))));
+    group.finish();
+
+    let mut group = c.benchmark_group("throttle_refused_ahead");
+    group.bench_function("no_door", |b| b.iter(|| down.refused_ahead(tenant, user, ip)));
+    // A tenant refused under a plan of one request a second gets a door; its plan then grows
+    // past anything the benchmark can send, and the bucket's next answer gives the door that
+    // room: every look passes the door and charges it.
+    let door =
+        Throttles::new(settings("bench-door"), breakwater_api::redis::pool("redis://127.0.0.1:1", false).expect("url"));
+    let refused = TenantId(Uuid::now_v7());
+    door.set_overrides([(refused, Limit { rate_per_sec: 1.0, burst: 1 })]);
+    for _ in 0..5 {
+        rt.block_on(door.check(refused, user, ip));
+    }
+    assert!(door.refused_ahead(refused, user, ip).is_some(), "the tenant has a door that refuses");
+    door.set_overrides([(refused, Limit { rate_per_sec: 1e6, burst: u32::MAX })]);
+    std::thread::sleep(Duration::from_millis(1100));
+    rt.block_on(door.check(refused, user, ip));
+    assert!(door.refused_ahead(refused, user, ip).is_none(), "the door lets the tenant through");
+    group.bench_function("through_a_door", |b| b.iter(|| door.refused_ahead(refused, user, ip)));
+    assert!(door.refused_ahead(refused, user, ip).is_none(), "the door never refused during the benchmark");
     group.finish();
 }
 
