@@ -36,7 +36,7 @@ pub(super) enum MirrorKey {
 /// A bucket's door: its theoretical arrival time as this task last heard it, moved on by each
 /// request the door let through since.
 #[derive(Debug, Clone, Copy)]
-struct Edge {
+struct Door {
     tat_us: i64,
     limit: Limit,
 }
@@ -45,13 +45,13 @@ struct Edge {
 #[derive(Debug)]
 pub(super) struct Mirror {
     epoch: Instant,
-    edges: HashMap<MirrorKey, Edge>,
+    doors: HashMap<MirrorKey, Door>,
     inserts: u32,
 }
 
 impl Default for Mirror {
     fn default() -> Self {
-        Self { epoch: Instant::now(), edges: HashMap::new(), inserts: 0 }
+        Self { epoch: Instant::now(), doors: HashMap::new(), inserts: 0 }
     }
 }
 
@@ -67,11 +67,11 @@ impl Mirror {
     /// bucket gets a door, or its door is set again.
     fn refused(&mut self, key: MirrorKey, limit: Limit, asked: Instant, retry_after_us: i64) {
         let tat_us = self.us(asked).saturating_add(retry_after_us).saturating_add(limit.tolerance_us());
-        self.edges.insert(key, Edge { tat_us, limit });
+        self.doors.insert(key, Door { tat_us, limit });
         self.inserts += 1;
-        if self.edges.len() > MIRROR_PRUNE_AT && self.inserts as usize > self.edges.len() / 2 {
+        if self.doors.len() > MIRROR_PRUNE_AT && self.inserts as usize > self.doors.len() / 2 {
             let now = self.us(Instant::now());
-            self.edges.retain(|_, edge| edge.tat_us > now);
+            self.doors.retain(|_, door| door.tat_us > now);
             self.inserts = 0;
         }
     }
@@ -81,8 +81,8 @@ impl Mirror {
     /// refused before is followed: the others have no door.
     fn admitted(&mut self, key: MirrorKey, limit: Limit, asked: Instant, reset_us: i64) {
         let at = self.us(asked);
-        if let Some(edge) = self.edges.get_mut(&key) {
-            *edge = Edge { tat_us: at.saturating_add(reset_us), limit };
+        if let Some(door) = self.doors.get_mut(&key) {
+            *door = Door { tat_us: at.saturating_add(reset_us), limit };
         }
     }
 
@@ -90,18 +90,18 @@ impl Mirror {
     /// until it would not (the longest, when several refuse); or `None`, and the request passes,
     /// charged to each door it went through.
     fn door(&mut self, keys: [(KeyKind, MirrorKey); 3], now: Instant) -> Option<(KeyKind, Limit, i64)> {
-        if self.edges.is_empty() {
+        if self.doors.is_empty() {
             return None;
         }
         let now = self.us(now);
         let mut refusal: Option<(KeyKind, Limit, i64)> = None;
         let mut charges: [Option<(MirrorKey, i64)>; 3] = [None; 3];
         for (slot, (kind, key)) in charges.iter_mut().zip(keys) {
-            let Some(edge) = self.edges.get(&key) else { continue };
-            match gcra::check(Some(edge.tat_us), now, edge.limit) {
+            let Some(door) = self.doors.get(&key) else { continue };
+            match gcra::check(Some(door.tat_us), now, door.limit) {
                 gcra::Outcome::Refused { retry_after_us } => {
                     if refusal.is_none_or(|(_, _, longest)| retry_after_us > longest) {
-                        refusal = Some((kind, edge.limit, retry_after_us));
+                        refusal = Some((kind, door.limit, retry_after_us));
                     }
                 }
                 gcra::Outcome::Admitted { tat, .. } => *slot = Some((key, tat)),
@@ -109,8 +109,8 @@ impl Mirror {
         }
         if refusal.is_none() {
             for (key, tat_us) in charges.into_iter().flatten() {
-                if let Some(edge) = self.edges.get_mut(&key) {
-                    edge.tat_us = tat_us;
+                if let Some(door) = self.doors.get_mut(&key) {
+                    door.tat_us = tat_us;
                 }
             }
         }
@@ -143,7 +143,7 @@ impl Throttles {
         let Ok(mut mirror) = self.mirror.lock() else { return };
         match decision {
             Decision::Refused { limit, retry_after_us, .. } => mirror.refused(key, limit, asked, retry_after_us),
-            Decision::Admitted { limit, reset_us, .. } if !mirror.edges.is_empty() => {
+            Decision::Admitted { limit, reset_us, .. } if !mirror.doors.is_empty() => {
                 mirror.admitted(key, limit, asked, reset_us);
             }
             Decision::Admitted { .. } | Decision::Off => {}
@@ -217,7 +217,7 @@ mod tests {
         // A bucket not at its edge has no door, whatever Redis says of it.
         let quiet = MirrorKey::Tenant(TenantId(breakwater_domain::new_id()));
         mirror.admitted(quiet, PLAN, t0, PLAN.tolerance_us() + 2_000);
-        assert!(!mirror.edges.contains_key(&quiet));
+        assert!(!mirror.doors.contains_key(&quiet));
     }
 
     #[test]

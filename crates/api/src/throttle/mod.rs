@@ -13,8 +13,8 @@
 //! breaker opens and the same GCRA runs in process with every limit divided by the number of API
 //! tasks, so the fleet as a whole still holds the limit. It is logged once, counted, shown as
 //! `degraded` on `/v1/ops/status`, and the breaker closes by itself when a probe to Redis
-//! succeeds. A Redis
-//! outage never becomes a 5xx or unbounded traffic. Readiness does not depend on Redis.
+//! succeeds. A Redis outage never becomes a 5xx or unbounded traffic. Readiness does not depend
+//! on Redis.
 //!
 //! Known approximation: when the IP bucket refuses but the tenant and user buckets admitted
 //! (two calls, two slots), those two buckets have been charged for a refused request.
