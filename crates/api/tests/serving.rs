@@ -350,3 +350,33 @@ async fn past_the_unanswered_cap_a_new_connection_is_refused_once_then_served_on
     assert_eq!(published["refused_behind"], 1);
     drop(silent);
 }
+
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn a_connection_trickling_its_request_head_does_not_hold_the_unanswered_cap(pool: PgPool) {
+    let app = common::spawn_with(pool, &["--max-unanswered-connections", "1", "--header-read-timeout-secs", "5"]).await;
+    let addr = app.running.addr;
+    let connections = &app.running.state.connections;
+
+    // Silent, it counts (for up to a second)...
+    let mut trickling = TcpStream::connect(addr).await.expect("connect");
+    let connected = Instant::now();
+    eventually("the connection counted", || connections.unanswered() == 1).await;
+    // ...and once part of a head has arrived, it stops counting at once, well before that second.
+    trickling.write_all(b"GET /health HTTP/1.1\r\nhost: test\r\nx-slow: a").await.expect("send");
+    while connections.unanswered() != 0 {
+        assert!(connected.elapsed() < Duration::from_millis(900), "the trickling connection still counted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A new connection's first request is served, not refused behind it.
+    let mut next = TcpStream::connect(addr).await.expect("connect");
+    let served = ask(&mut next, INBOX).await;
+    assert!(served.starts_with("HTTP/1.1 401 "), "{served}");
+    assert_eq!(connections.refused_behind(), 0);
+    // The trickling connection is still served once its head is complete.
+    trickling.write_all(b"\r\n\r\n").await.expect("send");
+    let mut buf = vec![0u8; 4096];
+    let n =
+        tokio::time::timeout(Duration::from_secs(5), trickling.read(&mut buf)).await.expect("answered").expect("read");
+    let health = String::from_utf8_lossy(&buf[..n]);
+    assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+}

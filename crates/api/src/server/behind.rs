@@ -9,12 +9,18 @@
 //! so the refused clients come back spread over the seconds the backlog takes to serve instead
 //! of together.
 //!
-//! Against a hostile client: a silent connection holds its place for a second at most, so a
-//! client opening the cap's worth of silent connections every second keeps other new
-//! connections' first requests refused; each of their retries, on the same connection, is
-//! served. The accept rate and `MAX_CONNECTIONS` still bound what such a client can open.
+//! Against a hostile client: a connection whose request head arrives in pieces (a slowloris
+//! trickling its headers) stops counting as soon as a read leaves its head incomplete
+//! ([`ReleasedOnPieces`]), so trickling clients cannot hold the cap. A silent connection holds
+//! its place for a second at most (an honest client's request may not have arrived yet when its
+//! connection is accepted), so a client opening the cap's worth of silent connections every
+//! second keeps other new connections' first requests refused; each of their retries, on the
+//! same connection, is served. The accept rate and `MAX_CONNECTIONS` still bound what such a
+//! client can open. A request head larger than one read (rare: a loopback read takes 64 KiB, a
+//! network one a segment or more) stops counting early too, which only lets the cap undercount.
 
-use std::future::Ready;
+use std::future::{Future, Ready};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -24,6 +30,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Method, Request, Response};
 use futures_util::future::Either;
 
+use super::timeouts::ConnTrack;
 use crate::admission::BYPASS;
 use crate::error::{ErrorCode, ErrorEnvelope};
 
@@ -110,6 +117,45 @@ impl Unanswered {
 impl Drop for Unanswered {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection's future that stops counting it as unanswered when one of its polls ends with
+    /// a request head begun and not complete. hyper reads and parses in the same poll and hands a
+    /// complete head to the app within it, so a head still arriving then came in pieces.
+    pub(super) struct ReleasedOnPieces<F> {
+        #[pin]
+        inner: F,
+        track: Arc<ConnTrack>,
+        unanswered: Option<Arc<Unanswered>>,
+    }
+}
+
+impl<F> ReleasedOnPieces<F> {
+    pub(super) fn new(inner: F, track: Arc<ConnTrack>, unanswered: Option<Arc<Unanswered>>) -> Self {
+        Self { inner, track, unanswered }
+    }
+
+    /// The connection itself (to ask it to shut down gracefully).
+    pub(super) fn inner(self: Pin<&mut Self>) -> Pin<&mut F> {
+        self.project().inner
+    }
+}
+
+impl<F: Future> Future for ReleasedOnPieces<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let polled = this.inner.poll(cx);
+        if polled.is_pending()
+            && this.track.head_arriving()
+            && let Some(u) = this.unanswered.take()
+        {
+            u.release();
+        }
+        polled
     }
 }
 

@@ -53,7 +53,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 use crate::throttle::gcra::{self, Limit};
-use behind::{Backlog, RefuseFirst, RetrySlots, UNANSWERED_AT_MOST, Unanswered};
+use behind::{Backlog, RefuseFirst, ReleasedOnPieces, RetrySlots, UNANSWERED_AT_MOST, Unanswered};
 use timeouts::{ConnTrack, InFlight, TrackedIo};
 
 /// Which of the process's connections a request came on (in its extensions): the refusal pacer
@@ -451,6 +451,7 @@ impl<S: HttpService> Edge<S> {
             });
         let service = TowerToHyperService::new(service);
         let conn = builder.serve_connection_with_upgrades(io, service);
+        let conn = ReleasedOnPieces::new(conn, track.clone(), unanswered.clone());
         tokio::pin!(conn);
         let mut closing = false;
         let counted_until = tokio::time::sleep(UNANSWERED_AT_MOST);
@@ -471,7 +472,7 @@ impl<S: HttpService> Edge<S> {
                     break;
                 }
                 () = self.shutdown.cancelled(), if !closing => {
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().inner().graceful_shutdown();
                     closing = true;
                 }
                 () = track.head_overdue(header_read_timeout) => {

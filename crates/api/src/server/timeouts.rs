@@ -75,6 +75,11 @@ impl ConnTrack {
         }
     }
 
+    /// Whether a request head has begun to arrive and is not complete yet.
+    pub(super) fn head_arriving(&self) -> bool {
+        self.head_started.load(Ordering::Relaxed) != 0
+    }
+
     /// Resolves when a request head has been arriving for longer than `timeout`.
     pub(super) async fn head_overdue(&self, timeout: Duration) {
         self.overdue(&self.head_started, &self.head_began, timeout).await;
