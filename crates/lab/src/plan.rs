@@ -75,6 +75,9 @@ pub(crate) struct Plan {
     /// The capacity given with `--capacity` instead of calibrated (experiments only).
     #[serde(default)]
     pub(crate) given_capacity: Option<f64>,
+    /// More of the API's settings over the production tier's, `NAME=value` (experiments only).
+    #[serde(default)]
+    pub(crate) api_env: Vec<String>,
     pub(crate) sweep_callers: Vec<usize>,
     pub(crate) sweep_step_s: f64,
     pub(crate) calibration_rps: Vec<f64>,
@@ -119,6 +122,7 @@ impl Plan {
             phases: every_phase(),
             variants: every_variant(),
             given_capacity: None,
+            api_env: Vec::new(),
             sweep_callers: vec![4, 16, 32, 192, 1000],
             sweep_step_s: 10.0,
             calibration_rps: vec![50.0, 100.0, 200.0, 300.0, 400.0, 550.0, 700.0, 900.0, 1200.0, 1600.0, 2000.0],
@@ -163,10 +167,12 @@ impl Plan {
     }
 
     /// Whether this is an experiment rather than the lab at the production shape: another CPU
-    /// quota for the API, only some of the runs or variants, or a capacity given, not measured.
+    /// quota for the API, only some of the runs or variants, a capacity given, not measured, or
+    /// more of the API's settings.
     pub(crate) fn is_experiment(&self) -> bool {
         (self.api_cpus - quarter_core()).abs() > 1e-9
             || self.given_capacity.is_some()
+            || !self.api_env.is_empty()
             || self.phases != every_phase()
             || self.variants != every_variant()
     }
@@ -254,6 +260,9 @@ mod tests {
         assert!(plan.is_experiment());
         let mut plan = Plan::new(false);
         plan.phases = vec!["sweep".into()];
+        assert!(plan.is_experiment());
+        let mut plan = Plan::new(false);
+        plan.api_env = vec!["MAX_ACCEPT_RATE=0".into()];
         assert!(plan.is_experiment());
         let profiles = Plan::new(true).profiles(100.0, 40.0);
         for p in

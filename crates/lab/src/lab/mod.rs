@@ -88,6 +88,22 @@ pub struct LabArgs {
     /// experiment, reported like --api-cpus.
     #[arg(long, value_name = "RPS", value_parser = parse_capacity)]
     capacity: Option<f64>,
+    /// More of the API's settings, `NAME=value`, over the production tier's (`MAX_ACCEPT_RATE=0`
+    /// for a task without an accept rate); repeat it for more. The lab's own settings (the
+    /// variant, the addresses, the database) still win. An experiment, reported like --api-cpus.
+    #[arg(long, value_name = "NAME=value", value_parser = parse_api_env)]
+    api_env: Vec<String>,
+}
+
+fn parse_api_env(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((name, _))
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') =>
+        {
+            Ok(s.to_owned())
+        }
+        _ => Err(format!("{s:?} is not NAME=value with an upper-case setting name, as MAX_ACCEPT_RATE=0")),
+    }
 }
 
 fn parse_capacity(s: &str) -> Result<f64, String> {
@@ -171,6 +187,7 @@ fn plan(args: &LabArgs) -> anyhow::Result<Plan> {
         plan.variants.clone_from(&args.variants);
     }
     plan.given_capacity = args.capacity;
+    plan.api_env.clone_from(&args.api_env);
     if !args.only.is_empty() {
         plan.phases = PHASES.iter().filter(|p| args.only.iter().any(|o| o == *p)).map(|p| (*p).to_owned()).collect();
     }

@@ -284,6 +284,7 @@ impl Ctx {
         };
         let api_log = std::fs::File::create(self.runs.join(format!("{name}.api.log")))?;
         cmd.envs(PRODUCTION_TIER)
+            .envs(self.plan.api_env.iter().filter_map(|e| e.split_once('=')))
             .env("DATABASE_URL", &self.db_url)
             .env("APP_ENV", "development")
             .env("BIND_ADDR", format!("127.0.0.1:{}", self.port))

@@ -100,13 +100,18 @@ fn preamble(s: &mut String, lab: &LabRecord) {
     if lab.plan.is_experiment() {
         let _ = writeln!(
             s,
-            "> **Experiment** (`--api-cpus`/`--only`/`--variants`/`--capacity`): the API at {} core; variants: \
-             {}; runs of each: {}; capacity {}. The goals are for the full lab at the production shape; the \
-             tables of runs that were not made are empty.\n",
+            "> **Experiment** (`--api-cpus`/`--only`/`--variants`/`--capacity`/`--api-env`): the API at {} core; \
+             variants: {}; runs of each: {}; capacity {}; more settings: {}. The goals are for the full lab at \
+             the production shape; the tables of runs that were not made are empty.\n",
             lab.plan.api_cpus,
             lab.plan.variants.join(", "),
             lab.plan.phases.join(", "),
-            lab.plan.given_capacity.map_or_else(|| "calibrated".to_owned(), |c| format!("{c:.0} req/s, given"))
+            lab.plan.given_capacity.map_or_else(|| "calibrated".to_owned(), |c| format!("{c:.0} req/s, given")),
+            if lab.plan.api_env.is_empty() {
+                "none".to_owned()
+            } else {
+                lab.plan.api_env.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(" ")
+            }
         );
     }
     if lab.plan.quick {
