@@ -265,13 +265,20 @@ pub struct Config {
     /// task's CPU can accept and refuse with room to spare for the connections already open.
     #[arg(long, env = "MAX_ACCEPT_RATE", default_value_t = 0)]
     pub max_accept_rate: u32,
+    /// The accept rate's burst: new connections accepted at once before the rate applies, the
+    /// allowance refilling at the rate (`0`: a tenth of a second's worth, at least 16). A burst
+    /// as deep as the listen backlog lets a one-off reconnection storm in at once while a
+    /// sustained flood is still paced.
+    #[arg(long, env = "MAX_ACCEPT_BURST", default_value_t = 0)]
+    pub max_accept_burst: u32,
     /// Most connections accepted and not answered once yet (`0`: no limit). While that many
     /// are, a new connection's first request is answered 503 `load_shed` at once without running
     /// the app (a probe's is served), and the connection is kept for the client's next attempt;
     /// its `Retry-After` (1 to 10 s) spreads the refused clients over the time the backlog takes
     /// to serve. A reconnection storm is then refused at once instead of queueing inside the
-    /// process. A connection stops counting at its first response, its end, or a second after
-    /// its accept.
+    /// process. A connection stops counting at its first response, its end, a read that leaves
+    /// its request head incomplete (a client trickling its headers), or a second after its
+    /// accept.
     #[arg(long, env = "MAX_UNANSWERED_CONNECTIONS", default_value_t = 0)]
     pub max_unanswered_connections: usize,
     /// The listen socket's backlog: connections the kernel holds before the accept loop takes

@@ -83,7 +83,7 @@ impl AppState {
             redis,
             connections: Arc::new(
                 Connections::new(config.max_connections, config.connection_overflow, config.max_refusing_connections)
-                    .with_accept_rate(config.max_accept_rate)
+                    .with_accept_rate(config.max_accept_rate, config.max_accept_burst)
                     .with_max_unanswered(config.max_unanswered_connections),
             ),
             metrics: Arc::new(crate::metrics::Metrics::new()),

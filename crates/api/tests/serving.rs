@@ -285,6 +285,29 @@ async fn past_the_accept_rate_new_connections_wait_and_are_then_served(pool: PgP
     assert!(connections["accept_paced"].as_u64().is_some_and(|n| n > 0), "{connections}");
 }
 
+#[sqlx::test(migrator = "breakwater_domain::MIGRATOR")]
+async fn an_accept_burst_lets_a_storm_in_at_once_and_paces_what_follows(pool: PgPool) {
+    let app = common::spawn_with(pool, &["--max-accept-rate", "20", "--max-accept-burst", "40"]).await;
+    let addr = app.running.addr;
+    let health = b"GET /health HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n";
+    let paced = || async {
+        let status = app.ops("/v1/ops/status").await;
+        status.body["layers"]["connections"]["accept_paced"].as_u64().expect("accept_paced")
+    };
+    // Thirty at once are within the burst: none waits for the rate.
+    let answers =
+        futures_util::future::join_all((0..30).map(|_| one_shot(addr, health, Duration::from_secs(10)))).await;
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200"))), "{answers:?}");
+    assert_eq!(paced().await, 0);
+    // Thirty more at once go past it: the loop paces them, and serves them all.
+    let answers =
+        futures_util::future::join_all((0..30).map(|_| one_shot(addr, health, Duration::from_secs(10)))).await;
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200"))), "{answers:?}");
+    assert!(paced().await > 0, "not paced past the burst");
+    let status = app.ops("/v1/ops/status").await;
+    assert_eq!(status.body["layers"]["connections"]["accept_rate"]["burst"], 40);
+}
+
 /// Sends `request` on `conn` and reads one (small) response.
 async fn ask(conn: &mut TcpStream, request: &[u8]) -> String {
     conn.write_all(request).await.expect("send");
@@ -315,8 +338,12 @@ async fn past_the_unanswered_cap_a_new_connection_is_refused_once_then_served_on
     // The next connection's first request is refused at once, with the envelope and a
     // Retry-After, and its connection kept...
     let mut behind = TcpStream::connect(addr).await.expect("connect");
+    // A connection accepted behind counts too until its refusal is written, so that a storm's
+    // accepted and unread connections keep the cap reached.
+    eventually("the connection accepted behind counted", || connections.unanswered() == 2).await;
     let started = Instant::now();
     let refused = ask(&mut behind, INBOX).await;
+    eventually("the refused connection released", || connections.unanswered() == 1).await;
     assert!(started.elapsed() < Duration::from_secs(1), "refusal took {:?}", started.elapsed());
     assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
     let lower = refused.to_ascii_lowercase();

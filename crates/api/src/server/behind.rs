@@ -4,7 +4,9 @@
 //! A connection counts as unanswered from its accept until its first response, its end, or
 //! [`UNANSWERED_AT_MOST`]. While the cap is reached, a new connection's first request is
 //! answered `503 load_shed` without running the app (a probe's is served), and the connection is
-//! kept open for the client's next attempt. Its `Retry-After` is a slot handed out at the rate
+//! kept open for the client's next attempt. The connections accepted behind count too, until
+//! their refusal is written: in a storm the loop accepts thousands at once, and a connection let
+//! through while they are still unread would wait behind all of them on the runtime's queue. Its `Retry-After` is a slot handed out at the rate
 //! the counted connections are being answered (the cap over their mean time to a first answer),
 //! so the refused clients come back spread over the seconds the backlog takes to serve instead
 //! of together.
@@ -89,17 +91,21 @@ pub(super) struct Unanswered {
     backlog: Arc<Backlog>,
     accepted: Instant,
     counted: AtomicBool,
+    /// Whether its first answer is timed: not for a connection accepted behind, whose first
+    /// answer is the refusal, not the app's.
+    timed: bool,
 }
 
 impl Unanswered {
-    pub(super) fn count(backlog: &Arc<Backlog>) -> Arc<Self> {
+    /// Counts a connection just accepted; `timed`: whether its first answer is the app's.
+    pub(super) fn count(backlog: &Arc<Backlog>, timed: bool) -> Arc<Self> {
         backlog.count.fetch_add(1, Ordering::Relaxed);
-        Arc::new(Self { backlog: backlog.clone(), accepted: Instant::now(), counted: AtomicBool::new(true) })
+        Arc::new(Self { backlog: backlog.clone(), accepted: Instant::now(), counted: AtomicBool::new(true), timed })
     }
 
     /// Its first response: stops counting it, and times it.
     pub(super) fn answered(&self) {
-        if self.release() {
+        if self.release() && self.timed {
             self.backlog.record(self.accepted.elapsed());
         }
     }
@@ -249,8 +255,8 @@ mod tests {
     #[test]
     fn a_connection_stops_counting_once_whatever_ends_it() {
         let backlog = Arc::new(Backlog::new());
-        let a = Unanswered::count(&backlog);
-        let b = Unanswered::count(&backlog);
+        let a = Unanswered::count(&backlog, true);
+        let b = Unanswered::count(&backlog, false);
         assert_eq!(backlog.count(), 2);
         a.answered();
         a.answered();

@@ -146,12 +146,12 @@ impl Connections {
         self.refused_behind.load(Ordering::Relaxed)
     }
 
-    /// Accepts at most `per_sec` new connections a second, in bursts of up to a tenth of a
-    /// second's worth (at least 16). `0` means no limit.
+    /// Accepts at most `per_sec` new connections a second, in bursts of up to `burst` (`0`: a
+    /// tenth of a second's worth, at least 16). `per_sec` `0` means no limit.
     #[must_use]
-    pub fn with_accept_rate(mut self, per_sec: u32) -> Self {
-        self.accept_rate =
-            (per_sec > 0).then(|| Limit { rate_per_sec: f64::from(per_sec), burst: (per_sec / 10).max(16) });
+    pub fn with_accept_rate(mut self, per_sec: u32, burst: u32) -> Self {
+        let burst = if burst == 0 { (per_sec / 10).max(16) } else { burst };
+        self.accept_rate = (per_sec > 0).then(|| Limit { rate_per_sec: f64::from(per_sec), burst });
         self
     }
 
@@ -322,7 +322,7 @@ where
             if behind { slots.take(Instant::now(), &connections.backlog, connections.max_unanswered) } else { 0 };
         let _ = stream.set_nodelay(true);
         connections.open.fetch_add(1, Ordering::Relaxed);
-        let unanswered = (connections.max_unanswered > 0 && !behind).then(|| Unanswered::count(&connections.backlog));
+        let unanswered = (connections.max_unanswered > 0).then(|| Unanswered::count(&connections.backlog, !behind));
         let task = edge.clone();
         tracker.spawn(async move {
             task.serve_connection(&task.keep_alive, stream, peer, unanswered, refuse_with).await;
