@@ -10,9 +10,10 @@
 - The target group checks a route the API serves (`/ready`, read from the API's source), on the
   API's ops listener (`OPS_ADDR`), while traffic goes to the public port; nothing opens the ops
   port to the internet, so `/ready`, `/metrics` and `/v1/ops/status` are not reachable from it.
-- Each connection profile, at each task size: `requests` paces accepts over a short backlog;
-  `streams` turns the pace off for the unanswered cap over a backlog as deep as the connection
-  cap, with `net.core.somaxconn` raised so the kernel keeps it.
+- Each connection profile, at each task size: both pace accepts at the tier's rate; `requests` in
+  the API's short bursts over a short backlog; `streams` in a burst as deep as the connection cap,
+  with the unanswered cap, over a backlog as deep as the connection cap, with
+  `net.core.somaxconn` raised so the kernel keeps it.
 - The API and the worker run with APP_ENV=production and JSON logs; the worker's health check
   asks the port it serves `/health` on.
 - Secrets reach containers as secrets, never as plain environment; services run in private
@@ -255,9 +256,9 @@ def run(ts: dict[str, dict], c: Checks) -> None:
         all(tier_env.values()),
         f"the tier sets the pool, runtime threads, connection cap and accept rate ({tier_env})",
     )
-    # The connection profiles: the accept rate over a short backlog (the default), or the
-    # unanswered cap over a backlog as deep as the connection cap, which the kernel's somaxconn
-    # (the task's system control) must not cut short.
+    # The connection profiles: the accept rate over a short backlog (the default), or the accept
+    # rate with a burst, the unanswered cap and a backlog as deep as the connection cap, which the
+    # kernel's somaxconn (the task's system control) must not cut short.
     c.check(
         param(svc, "ConnectionProfile").get("Default") == "requests", "the connection profile is requests by default"
     )
@@ -267,18 +268,20 @@ def run(ts: dict[str, dict], c: Checks) -> None:
             env = env_of(svc, api_c, given)
             rate = float(env["MAX_ACCEPT_RATE"])
             cap = float(env.get("MAX_UNANSWERED_CONNECTIONS", api_default("MAX_UNANSWERED_CONNECTIONS")))
+            burst = float(env.get("MAX_ACCEPT_BURST", api_default("MAX_ACCEPT_BURST")))
             backlog = float(env.get("LISTEN_BACKLOG", api_default("LISTEN_BACKLOG")))
             conns = float(env["MAX_CONNECTIONS"])
             controls = resolve(svc, api_c.get("SystemControls"), given) or []
             sysctl = {x["Namespace"]: float(resolve(svc, x["Value"], given)) for x in controls}
             somaxconn = sysctl.get("net.core.somaxconn", 4096)  # the kernel's default
             if profile == "requests":
-                ok = rate > 0 and cap == 0 and backlog <= somaxconn and backlog < conns
+                ok = rate > 0 and burst == 0 and cap == 0 and backlog <= somaxconn and backlog < conns
             else:
-                ok = rate == 0 and 0 < cap < conns and backlog == conns and backlog <= somaxconn
+                ok = rate > 0 and burst == conns and 0 < cap < conns and backlog == conns and backlog <= somaxconn
             c.check(
                 ok,
-                f"{size}, {profile}: accept rate {rate:g}, unanswered cap {cap:g}, backlog {backlog:g}"
+                f"{size}, {profile}: accept rate {rate:g} (burst {f'{burst:g}' if burst else 'the API default'}),"
+                f" unanswered cap {cap:g}, backlog {backlog:g}"
                 f" (somaxconn {somaxconn:g}, connections {conns:g})",
             )
     c.check(
@@ -566,8 +569,8 @@ def self_test(ts: dict[str, dict]) -> None:
             Environment=[e for e in container(t["service"], "worker")["ContainerDefinitions"][0]["Environment"]
                          if e["Name"] != "METRICS_EMF_INTERVAL_SECS"]),
         "streams backlog past somaxconn": lambda t: api_c(t).pop("SystemControls"),
-        "streams profile still paced": lambda t: api_env(
-            t, "MAX_ACCEPT_RATE", {"Fn::FindInMap": ["Tier", {"Ref": "TaskSize"}, "MaxAcceptRate"]}),
+        "streams profile without its burst": lambda t: api_env(t, "MAX_ACCEPT_BURST", "0"),
+        "a profile without an accept rate": lambda t: api_env(t, "MAX_ACCEPT_RATE", "0"),
         "alarm on another environment": lambda t: of_type(t["alarms"], "AWS::CloudWatch::Alarm")["ThrottleDegradedAlarm"][
             "Properties"]["Dimensions"][0].update(Value="other"),
     }
