@@ -4,12 +4,14 @@
 //! A connection counts as unanswered from its accept until its first response, its end, or
 //! [`UNANSWERED_AT_MOST`]. While the cap is reached, a new connection's first request is
 //! answered `503 load_shed` without running the app (a probe's is served), and the connection is
-//! kept open for the client's next attempt. The connections accepted behind count too, until
-//! their refusal is written: in a storm the loop accepts thousands at once, and a connection let
-//! through while they are still unread would wait behind all of them on the runtime's queue. Its `Retry-After` is a slot handed out at the rate
-//! the counted connections are being answered (the cap over their mean time to a first answer),
-//! so the refused clients come back spread over the seconds the backlog takes to serve instead
-//! of together.
+//! kept open for the client's next attempt. The refusal's `Retry-After` is a slot handed out at
+//! the rate the counted connections are being answered (the cap over their mean time to a first
+//! answer by the app), so the refused clients come back spread over the seconds the backlog takes
+//! to serve instead of together.
+//!
+//! The connections accepted behind count too, until their first request is answered (the
+//! refusal, or a probe's answer): in a storm the loop accepts thousands at once, and a connection
+//! let through while they are still unread would wait behind all of them on the runtime's queue.
 //!
 //! Against a hostile client: a connection whose request head arrives in pieces (a slowloris
 //! trickling its headers) stops counting as soon as a read leaves its head incomplete
@@ -18,8 +20,9 @@
 //! connection is accepted), so a client opening the cap's worth of silent connections every
 //! second keeps other new connections' first requests refused; each of their retries, on the
 //! same connection, is served. The accept rate and `MAX_CONNECTIONS` still bound what such a
-//! client can open. A request head larger than one read (rare: a loopback read takes 64 KiB, a
-//! network one a segment or more) stops counting early too, which only lets the cap undercount.
+//! client can open. An honest head whose pieces arrive apart (written in parts, or large over a
+//! slow network; hyper reads whatever the socket holds before it gives up the poll) stops
+//! counting early too, which only lets the cap undercount.
 
 use std::future::{Future, Ready};
 use std::pin::Pin;
