@@ -10,10 +10,19 @@ fn proc_dir(pid: Option<u32>) -> PathBuf {
     }
 }
 
-/// Total CPU time (user + system) of every thread of the process, in seconds. Sums the
-/// nanosecond counters in each thread's `schedstat`; falls back to `stat`'s clock ticks
-/// (USER_HZ is 100 on Linux) where `schedstat` is missing. `None` off Linux or for a gone pid.
+/// Total CPU time (user + system) of every thread of the process, in seconds.
+///
+/// This process's own (`None`): its CPU-time clock, in nanoseconds, which keeps the time of
+/// threads that have exited (a sum over the live threads drops it, so a step during which a
+/// thread ended could measure less than nothing). Another process's: the sum of the nanosecond
+/// counters in each live thread's `schedstat`, falling back to `stat`'s clock ticks (USER_HZ is
+/// 100 on Linux) where `schedstat` is missing. `None` off Linux or for a gone pid.
 pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    if pid.is_none() {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        #[allow(clippy::cast_precision_loss)] // seconds of CPU: far below 2^52
+        return Some(t.tv_sec as f64 + t.tv_nsec as f64 / 1e9);
+    }
     let dir = proc_dir(pid);
     if let Ok(tasks) = std::fs::read_dir(dir.join("task")) {
         let mut ns: u64 = 0;
@@ -65,5 +74,24 @@ mod tests {
         let after = cpu_seconds(None).unwrap_or_default();
         assert!(after >= before);
         assert!(rss_bytes(None).unwrap_or_default() > 0.0);
+    }
+
+    #[test]
+    fn keeps_the_cpu_of_a_thread_that_has_exited() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let before = cpu_seconds(None).expect("own CPU");
+        // A thread that spins for 50 ms and ends before the second reading.
+        std::thread::spawn(|| {
+            let started = std::time::Instant::now();
+            while started.elapsed() < std::time::Duration::from_millis(50) {
+                std::hint::spin_loop();
+            }
+        })
+        .join()
+        .expect("join");
+        let spent = cpu_seconds(None).expect("own CPU") - before;
+        assert!(spent >= 0.01, "the exited thread's CPU was lost: {spent} s");
     }
 }
