@@ -155,6 +155,33 @@ fn goals_are_read_from_the_adaptive_variant_against_off() {
     assert!(goals(&slow).iter().any(|x| x.goal.starts_with("peak goodput") && x.measured == "0.0 req/s"));
 }
 
+/// Where `off` barely fell at 192 callers, no variant could serve 1.3x its work there: the miss
+/// says so, with the most any step served; a miss that was within reach says nothing of it.
+#[test]
+fn a_ratio_to_off_out_of_reach_says_so() {
+    let mut lab = lab_with(vec![row("1x", 1.0, 100.0, 50.0, 0.0)]);
+    lab.variants[0].sweep = sweep(&[(4, 100.0), (192, 95.0)]);
+    lab.variants[0].sweep_one = sweep(&[(4, 100.0), (192, 60.0)]);
+    lab.variants.push(Variant {
+        name: "off".into(),
+        sweep: sweep(&[(4, 98.0), (16, 104.0), (192, 90.0)]),
+        sweep_one: sweep(&[(4, 100.0), (192, 70.0)]),
+        ..Variant::default()
+    });
+    let g = goals(&lab);
+    let find = |name: &str| g.iter().find(|x| x.goal == name).unwrap_or_else(|| panic!("{name}: {g:?}"));
+    let weighted = find("2xx/s at 192 callers, adaptive / off");
+    assert_eq!(weighted.met, Some(false), "95 / 90");
+    assert!(
+        weighted.note.contains("out of reach in this run: off served 90 2xx/s at 192 callers, and the most any variant served in one step of this sweep was 104, 1.16 x off's"),
+        "{}",
+        weighted.note
+    );
+    let one = find("one tenant: 2xx/s at 192 callers, adaptive / off");
+    assert_eq!(one.met, Some(false), "60 / 70");
+    assert!(!one.note.contains("out of reach"), "100 / 70 is 1.43, within reach: {}", one.note);
+}
+
 #[test]
 fn the_lab_profiles_parse_and_resolve() -> Result<(), String> {
     for quick in [true, false] {
