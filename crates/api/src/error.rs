@@ -10,7 +10,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use breakwater_admission::{Refusal, RefusalReason};
+use breakwater_admission::RefusalReason;
 use breakwater_domain::DomainError;
 use bytes::Bytes;
 use serde::Serialize;
@@ -177,17 +177,10 @@ pub struct ErrorBody {
     pub recovery: Recovery,
 }
 
-/// Admission's refusal in the API's envelope (the layer's renderer, [`breakwater_admission::Render`]):
-/// a 503 with `Retry-After`, the same bytes a client gets from every other refusal.
-#[must_use]
-pub fn render_refusal(refusal: &Refusal) -> http::Response<Bytes> {
-    let code = ErrorCode::of_refusal(refusal.reason);
-    let envelope = ErrorEnvelope::new(code, refusal.message(), Some(u64::from(refusal.retry_after_seconds)));
-    unavailable(&envelope, refusal.retry_after_header())
-}
-
 /// A 503 carrying `envelope`, with `retry_after` (the envelope's own seconds, as a header): the
-/// one shape of a refusal written before the app runs (admission's, the unanswered cap's).
+/// one shape of a refusal written before the app runs (the unanswered cap's; admission writes
+/// the same bytes with its own renderer, `Refusal::default_response`, which a test holds to this
+/// envelope).
 #[must_use]
 pub fn unavailable(envelope: &ErrorEnvelope, retry_after: HeaderValue) -> http::Response<Bytes> {
     let mut res = http::Response::new(envelope.to_bytes());
@@ -414,26 +407,34 @@ mod tests {
     }
 
     #[test]
-    fn admission_refusals_render_through_the_envelope_as_admissions_own_renderer_does() {
+    fn admissions_own_renderer_writes_this_envelope_byte_for_byte() {
+        // The API answers admission's refusals with admission's hand-written renderer, which
+        // spares every refusal the serialiser (docs/ADMISSION.md, "Refusals"): this envelope
+        // stays the one owner of the shape, and this test holds the renderer to it.
         for reason in [RefusalReason::QueueFull, RefusalReason::QueueTimeout, RefusalReason::Deadline] {
-            let refusal = Refusal {
-                reason,
-                class: breakwater_admission::ClassId::DEFAULT,
-                in_flight: 5,
-                limit: 5,
-                queued: 16,
-                queue_capacity: 16,
-                retry_after_seconds: 3,
-                wait_ms: 120,
-                client_timeout_ms: 80,
-            };
-            let ours = render_refusal(&refusal);
-            let theirs = refusal.default_response();
-            assert_eq!(ours.status(), theirs.status());
-            assert_eq!(ours.headers(), theirs.headers());
-            assert_eq!(ours.body(), theirs.body(), "{reason:?}: the same bytes as before the API rendered them");
-            let json: serde_json::Value = serde_json::from_slice(ours.body()).expect("JSON");
-            assert_eq!(json["error"]["code"], ErrorCode::of_refusal(reason).as_str());
+            for (in_flight, limit, retry_after_seconds) in [(5, 5, 3), (0, usize::MAX, 1), (1_234, 980, 60)] {
+                let refusal = breakwater_admission::Refusal {
+                    reason,
+                    class: breakwater_admission::ClassId::DEFAULT,
+                    in_flight,
+                    limit,
+                    queued: 16,
+                    queue_capacity: 16,
+                    retry_after_seconds,
+                    wait_ms: 120,
+                    client_timeout_ms: 80,
+                };
+                let code = ErrorCode::of_refusal(reason);
+                let envelope = ErrorEnvelope::new(code, refusal.message(), Some(u64::from(retry_after_seconds)));
+                let ours = unavailable(&envelope, refusal.retry_after_header());
+                let theirs = refusal.default_response();
+                assert_eq!(ours.status(), theirs.status());
+                assert_eq!(ours.headers(), theirs.headers());
+                assert_eq!(ours.body(), theirs.body(), "{reason:?}: the envelope's bytes");
+                let json: serde_json::Value = serde_json::from_slice(theirs.body()).expect("JSON");
+                assert_eq!(json["error"]["code"], code.as_str());
+                assert_eq!(json["error"]["recovery"]["retry_after_seconds"], retry_after_seconds);
+            }
         }
     }
 

@@ -154,10 +154,7 @@ pub fn app(
 {
     let body = body::BodyLayer(state.body.clone());
     let keys = state.jwt.clone();
-    let admission = state
-        .admission
-        .layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>)
-        .render_with(error::render_refusal);
+    let admission = state.admission.layer(admission::classify::<Body>(state.classes), admission::tenant_key::<Body>);
     let pacing = state.pacing.layer(admission::caller_key::<Body>(state.config.throttle.trusted_proxies));
     let throttles = state.throttles.clone();
     let trusted_proxies = state.config.throttle.trusted_proxies;

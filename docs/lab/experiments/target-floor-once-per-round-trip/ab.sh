@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The target's floor backing off at most once per round trip (once-per-round-trip.patch) against
+# this commit's, which backs off in every window whose p95 is over half the target: the lab's
+# open-loop ramps, weighted and from one tenant, adaptive only, the two API builds alternating in
+# one sitting at one given capacity. Prints each step's 2xx/s, refused share and admitted p99.
+#
+# Usage, as root (the cgroup), after `cargo build --release --locked` (the lab's binaries):
+#   ab.sh [ROUNDS] [CAPACITY]      (ROUNDS: 2, CAPACITY: 700 req/s)
+# The variant's API is built from this commit with the patch applied, in its own worktree and
+# target directory (target/floor-rtt/); each run's report goes to target/floor-rtt/NAME-ROUND/;
+# target/release/breakwater-api is put back as it was at the end.
+set -euo pipefail
+ROUNDS=${1:-2} CAPACITY=${2:-700}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
+cd "$ROOT"
+API=target/release/breakwater-api
+OUT=$ROOT/target/floor-rtt
+mkdir -p "$OUT"
+[ -x "$API" ] && [ -x target/release/xtask ] || { echo "build the release binaries first (see Usage)" >&2; exit 2; }
+cp "$API" "$OUT/api-base"
+trap 'cp "$OUT/api-base" "$API"' EXIT
+
+tree=$OUT/tree
+git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
+git worktree prune
+git worktree add -q --detach "$tree" HEAD
+git -C "$tree" apply "$HERE/once-per-round-trip.patch"
+(cd "$tree" && CARGO_TARGET_DIR="$OUT" cargo build -q --release --locked -p breakwater-api --bin breakwater-api)
+git worktree remove --force "$tree"
+cp "$OUT/release/breakwater-api" "$OUT/api-rtt"
+
+for round in $(seq "$ROUNDS"); do
+  for name in base rtt; do
+    cp "$OUT/api-$name" "$API"
+    target/release/xtask lab --no-build --capacity "$CAPACITY" --only ramp,ramp-one --variants adaptive \
+      --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
+    for mix in ramp ramp_one; do
+      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" '.variants[0][$m]
+        | map("\(.label) \(.ok_rps | round)/s \(100 * .refused_share * 10 | round / 10)% p99 \(.ok_p99_ms | round)ms")
+        | "\($n) round \($r) \($m): " + join(", ")' "$OUT/$name-$round/lab.json"
+    done
+  done
+done
