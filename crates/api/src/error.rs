@@ -10,7 +10,6 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use breakwater_admission::RefusalReason;
 use breakwater_domain::DomainError;
 use bytes::Bytes;
 use serde::Serialize;
@@ -119,15 +118,6 @@ impl ErrorCode {
             | Self::RequestTimeout
             | Self::StreamsFull => "service_unavailable",
             Self::Internal => "internal",
-        }
-    }
-
-    /// Admission's refusal reasons in the API's codes.
-    #[must_use]
-    pub const fn of_refusal(reason: RefusalReason) -> Self {
-        match reason {
-            RefusalReason::QueueFull => Self::LoadShed,
-            RefusalReason::QueueTimeout | RefusalReason::Deadline => Self::QueueTimeout,
         }
     }
 }
@@ -411,6 +401,7 @@ mod tests {
         // The API answers admission's refusals with admission's hand-written renderer, which
         // spares every refusal the serialiser (docs/ADMISSION.md, "Refusals"): this envelope
         // stays the one owner of the shape, and this test holds the renderer to it.
+        use breakwater_admission::RefusalReason;
         for reason in [RefusalReason::QueueFull, RefusalReason::QueueTimeout, RefusalReason::Deadline] {
             for (in_flight, limit, retry_after_seconds) in [(5, 5, 3), (0, usize::MAX, 1), (1_234, 980, 60)] {
                 let refusal = breakwater_admission::Refusal {
@@ -424,7 +415,11 @@ mod tests {
                     wait_ms: 120,
                     client_timeout_ms: 80,
                 };
-                let code = ErrorCode::of_refusal(reason);
+                // Admission owns which code each reason answers with; it must be one of ours.
+                let code = ErrorCode::ALL
+                    .into_iter()
+                    .find(|c| c.as_str() == reason.code())
+                    .expect("admission's refusal codes are in the API's list");
                 let envelope = ErrorEnvelope::new(code, refusal.message(), Some(u64::from(retry_after_seconds)));
                 let ours = unavailable(&envelope, refusal.retry_after_header());
                 let theirs = refusal.default_response();
