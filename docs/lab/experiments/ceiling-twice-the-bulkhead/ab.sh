@@ -24,9 +24,7 @@ for round in $(seq "$ROUNDS"); do
     target/release/xtask lab --no-build --capacity "$CAPACITY" --only sweep,ramp --variants adaptive \
       "${env_args[@]}" --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
     for run in sweep ramp; do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$run" '.variants[0][$m]
-        | map("\(.label) \(.ok_rps | round)/s \(100 * .refused_share * 10 | round / 10)% p99 \(.ok_p99_ms | round)ms")
-        | "\($n) round \($r) \($m): " + join(" | ")' "$OUT/$name-$round/lab.json"
+      jq -r --arg n "$name" --arg r "$round" --arg m "$run" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
     done
   done
 done

@@ -36,9 +36,7 @@ for round in $(seq "$ROUNDS"); do
     target/release/xtask lab --no-build --capacity "$CAPACITY" --only ramp,ramp-one --variants adaptive \
       --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
     for mix in ramp ramp_one; do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" '.variants[0][$m]
-        | map("\(.label) \(.ok_rps | round)/s \(100 * .refused_share * 10 | round / 10)% p99 \(.ok_p99_ms | round)ms")
-        | "\($n) round \($r) \($m): " + join(", ")' "$OUT/$name-$round/lab.json"
+      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
     done
   done
 done
