@@ -13,12 +13,9 @@
 set -euo pipefail
 BASE=$1 VARIANT=$2 ROUNDS=${3:-3} CAPACITY=${4:-400} ONLY=${5:-ramp,ramp-one,sweep}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
-cd "$ROOT"
-API=target/release/breakwater-api
-OUT=$ROOT/target/blame-busiest
-mkdir -p "$OUT"
-[ -x target/release/xtask ] && [ -x "$BASE" ] && [ -x "$VARIANT" ] || { echo "build the release binaries first (see Usage)" >&2; exit 2; }
+source "$HERE/../ab-lib.sh"
+ab_setup blame-busiest
+[ -x "$BASE" ] && [ -x "$VARIANT" ] || { echo "no API at $BASE or $VARIANT (see Usage)" >&2; exit 2; }
 cp "$API" "$OUT/api-before-ab"
 cp "$BASE" "$OUT/api-base"
 cp "$VARIANT" "$OUT/api-busiest"
@@ -27,10 +24,6 @@ trap 'cp "$OUT/api-before-ab" "$API"' EXIT
 for round in $(seq "$ROUNDS"); do
   for name in base busiest; do
     cp "$OUT/api-$name" "$API"
-    target/release/xtask lab --no-build --capacity "$CAPACITY" --only "$ONLY" --variants adaptive \
-      --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
-    for mix in $(jq -r '.variants[0] | to_entries | map(select((.value | type) == "array" and (.value | length) > 0)) | .[].key' "$OUT/$name-$round/lab.json"); do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
-    done
+    ab_run "$name" "$round" "$CAPACITY" "$ONLY"
   done
 done

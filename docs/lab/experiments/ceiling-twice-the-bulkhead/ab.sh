@@ -11,20 +11,13 @@
 set -euo pipefail
 ROUNDS=${1:-2} CAPACITY=${2:-800} CEILING=${3:-20}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
-cd "$ROOT"
-OUT=$ROOT/target/ceiling
-mkdir -p "$OUT"
-[ -x target/release/breakwater-api ] && [ -x target/release/xtask ] || { echo "build the release binaries first (see Usage)" >&2; exit 2; }
+source "$HERE/../ab-lib.sh"
+ab_setup ceiling
 
 for round in $(seq "$ROUNDS"); do
   for name in base ceiling; do
     env_args=()
     [ "$name" = ceiling ] && env_args=(--api-env "ADMISSION_MAX_LIMIT=$CEILING")
-    target/release/xtask lab --no-build --capacity "$CAPACITY" --only sweep,ramp --variants adaptive \
-      "${env_args[@]}" --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
-    for run in sweep ramp; do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$run" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
-    done
+    ab_run "$name" "$round" "$CAPACITY" sweep,ramp "${env_args[@]}"
   done
 done

@@ -14,12 +14,9 @@
 set -euo pipefail
 BASE=$1 ROUNDS=${2:-3} CAPACITY=${3:-450} ONLY=${4:-sweep,sweep-one}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
-cd "$ROOT"
-API=target/release/breakwater-api
-OUT=$ROOT/target/early-callers
-mkdir -p "$OUT"
-[ -x "$API" ] && [ -x target/release/xtask ] && [ -x "$BASE" ] || { echo "build the release binaries first (see Usage)" >&2; exit 2; }
+source "$HERE/../ab-lib.sh"
+ab_setup early-callers
+[ -x "$BASE" ] || { echo "no base API at $BASE (see Usage)" >&2; exit 2; }
 cp "$API" "$OUT/api-told-longer"
 cp "$BASE" "$OUT/api-base"
 trap 'cp "$OUT/api-told-longer" "$API"' EXIT
@@ -31,10 +28,6 @@ for round in $(seq "$ROUNDS"); do
       longer-2s) cp "$OUT/api-told-longer" "$API"; env=() ;;
       longer-4s) cp "$OUT/api-told-longer" "$API"; env=(--api-env RETRY_HOLD_MAX_MS=4000) ;;
     esac
-    target/release/xtask lab --no-build --capacity "$CAPACITY" --only "$ONLY" --variants adaptive "${env[@]}" \
-      --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
-    for mix in $(jq -r '.variants[0] | to_entries | map(select((.value | type) == "array" and (.value | length) > 0)) | .[].key' "$OUT/$name-$round/lab.json"); do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
-    done
+    ab_run "$name" "$round" "$CAPACITY" "$ONLY" "${env[@]}"
   done
 done

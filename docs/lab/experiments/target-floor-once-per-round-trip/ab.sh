@@ -12,12 +12,8 @@
 set -euo pipefail
 ROUNDS=${1:-2} CAPACITY=${2:-700}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
-cd "$ROOT"
-API=target/release/breakwater-api
-OUT=$ROOT/target/floor-rtt
-mkdir -p "$OUT"
-[ -x "$API" ] && [ -x target/release/xtask ] || { echo "build the release binaries first (see Usage)" >&2; exit 2; }
+source "$HERE/../ab-lib.sh"
+ab_setup floor-rtt
 cp "$API" "$OUT/api-base"
 trap 'cp "$OUT/api-base" "$API"' EXIT
 
@@ -33,10 +29,6 @@ cp "$OUT/release/breakwater-api" "$OUT/api-rtt"
 for round in $(seq "$ROUNDS"); do
   for name in base rtt; do
     cp "$OUT/api-$name" "$API"
-    target/release/xtask lab --no-build --capacity "$CAPACITY" --only ramp,ramp-one --variants adaptive \
-      --out "$OUT/$name-$round" > "$OUT/$name-$round.log" 2>&1
-    for mix in ramp ramp_one; do
-      jq -r --arg n "$name" --arg r "$round" --arg m "$mix" -f "$HERE/../steps.jq" "$OUT/$name-$round/lab.json"
-    done
+    ab_run "$name" "$round" "$CAPACITY" ramp,ramp-one
   done
 done
