@@ -4,9 +4,9 @@
 # and the weighted closed-loop sweep, adaptive only, the builds alternating in one sitting at one
 # given capacity. Prints each step's 2xx/s, refused share and admitted p99.
 #
-# Usage, as root (the cgroup): build the lab's binaries at the commit before (`cargo build
-# --release --locked`), copy target/release/breakwater-api to BASE_API, build the API again at
-# the change (or copy it to VARIANT_API), then
+# Usage, as root (the cgroup): build the lab's binaries (`cargo build --release --locked`), copy
+# target/release/breakwater-api to BASE_API, apply blame-the-busiest.patch (`git apply`), build
+# the API again and copy it to VARIANT_API, then
 #   ab.sh BASE_API VARIANT_API [ROUNDS] [CAPACITY] [ONLY]   (3, 400, ramp,ramp-one,sweep)
 # Each run's report goes to target/blame-busiest/NAME-ROUND/; target/release/breakwater-api is
 # put back as it was.
