@@ -9,6 +9,7 @@
 # Usage, as root (the cgroup): apply overload-rule.patch (`git apply`), build the lab's binaries
 # (`cargo build --release --locked`), then
 #   ab.sh [ROUNDS] [CAPACITY] [ONLY] [SETTINGS]   (2, 1200, ramp, "default never idle")
+# and take the patch out again afterwards (`git apply -R overload-rule.patch`, then build).
 # Each run's report goes to target/overload-rule/NAME-ROUND/.
 set -euo pipefail
 ROUNDS=${1:-2} CAPACITY=${2:-1200} ONLY=${3:-ramp} SETTINGS=${4:-default never idle}
